@@ -14,19 +14,18 @@ expected = cfg_keys + "lib_name user branch license status min_python audience l
 for o in expected: assert o in cfg, f"missing expected setting: {o}"
 setup_cfg = {o: cfg[o] for o in cfg_keys}
 
-licenses = {'apache2': ('Apache Software License 2.0', 'OSI Approved :: Apache Software License')}
+licenses = {'apache2': 'Apache-2.0'}  # an SPDX expression; license classifiers are deprecated
 statuses = ['1 - Planning', '2 - Pre-Alpha', '3 - Alpha', '4 - Beta', '5 - Production/Stable', '6 - Mature', '7 - Inactive']
-lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
 
 setuptools.setup(
     name=cfg['lib_name'],
-    license=lic[0],
+    license=licenses.get(cfg['license'].lower(), cfg['license']),
     classifiers=['Development Status :: ' + statuses[int(cfg['status']) - 1],
                  'Intended Audience :: ' + cfg['audience'].title(),
                  'Natural Language :: ' + cfg['language'].title(),
-                 'Programming Language :: Python :: 3'] + (['License :: ' + lic[1]] if lic[1] else []),
+                 'Programming Language :: Python :: 3'],
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path'] + '.*']),
     include_package_data=True,
