@@ -18,3 +18,72 @@ def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=()):
 
 def read_metrics(save_dir):
     return [json.loads(l) for l in (Path(save_dir)/'metrics.jsonl').read_text().splitlines()]
+
+
+def start_torchrun(nproc, *args, log_dir, launcher_args=(), extra_env=None, standalone=True):
+    "Start torchrun in the background (its own process group); stdout/stderr go to files in `log_dir`."
+    cmd = [sys.executable, '-m', 'torch.distributed.run', *(['--standalone'] if standalone else []),
+           f'--nproc_per_node={nproc}', *launcher_args, '-m', 'cifar_ddp_tut.train', *map(str, args)]
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', **(extra_env or {})}
+    log_dir = Path(log_dir); log_dir.mkdir(parents=True, exist_ok=True)
+    n = len(list(log_dir.glob('*.out')))
+    out, err = open(log_dir/f'{n}.out', 'w'), open(log_dir/f'{n}.err', 'w')
+    p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True)
+    p.out_path, p.err_path = log_dir/f'{n}.out', log_dir/f'{n}.err'
+    return p
+
+
+def children(pid):
+    "Pids of the direct children of `pid` (from /proc)."
+    kids = []
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit(): continue
+        try: stat = (d/'stat').read_text()
+        except OSError: continue
+        if int(stat.rsplit(')', 1)[1].split()[1]) == pid: kids.append(int(d.name))
+    return sorted(kids)
+
+
+def wait_for(cond, timeout, what, poll=0.2):
+    "Poll `cond()` until true; fail the test with `what` after `timeout` seconds."
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond(): return time.monotonic() - t0
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def snapshot_epochs(save_dir):
+    "Epochs recorded in save_dir/snapshot.pt (0 when absent or unreadable)."
+    import torch
+    p = Path(save_dir)/'snapshot.pt'
+    if not p.exists(): return 0
+    try: return torch.load(p, map_location='cpu', weights_only=True)['epochs_run']
+    except Exception: return 0
+
+
+def kill_tree(pid, sig=9):
+    "Send `sig` to `pid` and all its descendants (torchrun's workers live in sessions of their own)."
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop(); seen.append(p); todo += children(p)
+    for p in seen:
+        try: os.kill(p, sig)
+        except ProcessLookupError: pass
+
+
+def world_pids(out_text):
+    "{rank: pid} from the 'world: ...' line that rank 0 prints."
+    import re
+    line = next(l for l in out_text.splitlines() if l.startswith('world: '))
+    return {int(r): int(pid) for r, pid in re.findall(r'rank (\d+) = .*?pid (\d+)\)', line)}
+
+
+COMPARED = ('epoch', 'train_loss', 'train_acc', 'val_loss', 'val_acc', 'val_count', 'lr', 'step')
+
+
+def same_history(a, b, tol=1e-9):
+    "Histories equal in every learned quantity (timings differ run to run)."
+    assert [h['epoch'] for h in a] == [h['epoch'] for h in b], (a, b)
+    for x, y in zip(a, b):
+        for k in COMPARED: assert abs(x[k] - y[k]) <= tol, (k, x, y)

@@ -1,0 +1,111 @@
+"""Every mistake a user can make gets one clear line on stderr, a non-zero exit within seconds, on 2 torchrun
+processes, and leaves every file in save_dir as it was."""
+import hashlib, os
+from pathlib import Path
+import pytest
+import torch
+from _util import QUICKSTART, torchrun
+from cifar_ddp_tut.checkpoint import save_atomic
+from cifar_ddp_tut.config import load_config
+from cifar_ddp_tut.model import build_model
+
+OFFLINE = {'https_proxy': 'http://127.0.0.1:9', 'http_proxy': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1:9'}
+
+
+def _small_model_ckpt(path, model='resnet18'):
+    cfg = load_config(QUICKSTART, {'model': model})
+    save_atomic({'model': build_model(cfg).state_dict(), 'config': {'model': model}}, path)
+
+
+class Evil:
+    "Unpickling this runs a shell command: a crafted checkpoint."
+    def __init__(self, marker): self.marker = marker
+    def __reduce__(self): return (os.system, (f"touch {self.marker}",))
+
+
+def _setup(case, tmp):
+    "Prepare files for `case`; returns (extra CLI args, env)."
+    d, s = tmp/'cfgs', tmp/'run'
+    d.mkdir(); s.mkdir()
+    (s/'metrics.jsonl').write_text('{"epoch": 0}\n')  # an earlier run's file that must survive untouched
+    env = dict(OFFLINE)
+    if case == 'missing_file': return ['--cfg', d/'nope.yaml'], env
+    if case == 'config_is_a_folder': return ['--cfg', d], env
+    if case == 'binary_config': (d/'b.yaml').write_bytes(b'\xff\xfe\x00\x01'); return ['--cfg', d/'b.yaml'], env
+    if case == 'broken_yaml': (d/'b.yaml').write_text('batch_size: [64\nlr: 0.1\n'); return ['--cfg', d/'b.yaml'], env
+    if case == 'unknown_key_in_file': (d/'b.yaml').write_text('batch_sise: 64\n'); return ['--cfg', d/'b.yaml'], env
+    if case == 'unknown_option': return ['--cfg', QUICKSTART, '--learning_rate', '0.1'], env
+    if case == 'wrong_type': return ['--cfg', QUICKSTART, '--batch_size', 'sixty-four'], env
+    if case == 'zero_lr': return ['--cfg', QUICKSTART, '--lr', '0'], env
+    if case == 'negative_epochs': return ['--cfg', QUICKSTART, '--epoch', '-3'], env
+    if case == 'batch_not_divisible': return ['--cfg', QUICKSTART, '--batch_size', '63'], env
+    if case == 'bad_choice': return ['--cfg', QUICKSTART, '--amp', 'fp8'], env
+    if case == 'unknown_model': return ['--cfg', QUICKSTART, '--model', 'resnet5O'], env
+    if case == 'cifar10_offline': return ['--cfg', QUICKSTART, '--dataset', 'cifar10', '--download', 'true'], env
+    if case == 'cifar10_missing_no_download': return ['--cfg', QUICKSTART, '--dataset', 'cifar10', '--download', 'false'], env
+    if case == 'weights_offline':
+        env['TORCH_HOME'] = str(tmp/'empty_torch_home')
+        return ['--cfg', QUICKSTART, '--pretrained', 'true'], env
+    if case == 'truncated_snapshot':
+        _small_model_ckpt(s/'snapshot.pt'); raw = (s/'snapshot.pt').read_bytes()
+        (s/'snapshot.pt').write_bytes(raw[:len(raw) // 3]); return ['--cfg', QUICKSTART], env
+    if case == 'corrupt_eval_checkpoint':
+        (tmp/'junk.pt').write_bytes(os.urandom(4096))
+        return ['--cfg', QUICKSTART, '--eval_only', 'true', '--checkpoint', tmp/'junk.pt'], env
+    if case == 'missing_eval_checkpoint': return ['--cfg', QUICKSTART, '--eval_only', 'true', '--checkpoint', tmp/'none.pt'], env
+    if case == 'eval_without_checkpoint': return ['--cfg', QUICKSTART, '--eval_only', 'true'], env
+    if case == 'other_architecture':
+        _small_model_ckpt(s/'best.pt', 'resnet34')
+        return ['--cfg', QUICKSTART, '--eval_only', 'true', '--checkpoint', s/'best.pt'], env
+    if case == 'malicious_snapshot':
+        torch.save({'model': {}, 'payload': Evil(tmp/'pwned')}, s/'snapshot.pt')
+        return ['--cfg', QUICKSTART], env
+    if case == 'sync_bn_on_cpu': return ['--cfg', QUICKSTART, '--sync_bn', 'true'], env
+    raise ValueError(case)
+
+
+CASES = {  # case: text the one error line must contain
+    'missing_file': "does not exist; pass --cfg with a path to a YAML file",
+    'config_is_a_folder': "is not a file",
+    'binary_config': "is not UTF-8 text",
+    'broken_yaml': "is not valid YAML at line",
+    'unknown_key_in_file': "unknown key 'batch_sise' in config file",
+    'unknown_option': "unknown key 'learning_rate' in the command line; did you mean 'lr'",  # nearest valid key
+    'wrong_type': "batch_size='sixty-four' has type str, expected int",
+    'zero_lr': "lr=0.0 is too small; it must be a positive number",
+    'negative_epochs': "epoch=-3 is too small; it must be a positive number",
+    'batch_not_divisible': "batch_size=63 is not divisible by world_size=2; use a multiple of 2 such as 62 or 64",
+    'bad_choice': "amp='fp8' is not one of ['none', 'bf16', 'fp16']",
+    'unknown_model': "model='resnet5O' is not a torchvision classification model; did you mean 'resnet50'",
+    'cifar10_offline': "could not be downloaded",
+    'cifar10_missing_no_download': "download is false",
+    'weights_offline': "set pretrained: false to train from scratch",
+    'truncated_snapshot': "is corrupt or truncated",
+    'corrupt_eval_checkpoint': "is corrupt or truncated",
+    'missing_eval_checkpoint': "does not exist; pass the path of a best.pt or snapshot.pt",
+    'eval_without_checkpoint': "eval_only=true needs checkpoint=PATH",
+    'other_architecture': "does not fit this model (it was saved from model='resnet34'",
+    'malicious_snapshot': "was refused: it holds objects other than tensors",
+    'sync_bn_on_cpu': "sync_bn=true needs CUDA GPUs",
+}
+
+
+def _hashes(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_bad_input(case, tmp_path):
+    args, env = _setup(case, tmp_path)
+    args = [*args, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data'] if '--save_dir' not in args else args
+    before = _hashes(tmp_path/'run')
+    p, secs = torchrun(2, *args, extra_env=env, timeout=240)
+    errors = [l for l in p.stderr.splitlines() if l.startswith('cifar_ddp_train: error:')]
+    assert p.returncode != 0
+    assert len(errors) == 1, p.stderr[-3000:]  # one clear line, not one per rank
+    assert CASES[case] in errors[0], errors[0]
+    assert 'cifar_ddp_tut/' not in p.stderr, p.stderr[-3000:]  # no traceback from the workers' code
+    assert secs < 90, f"took {secs:.0f} s"  # nobody waited on a peer until a timeout
+    assert _hashes(tmp_path/'run') == before  # nothing in save_dir damaged, deleted or added
+    assert not (tmp_path/'pwned').exists()
+    print(f"{case}: exit {p.returncode} in {secs:.1f} s: {errors[0]}")

@@ -1,0 +1,110 @@
+"""Faults with real processes: resume after a kill, elastic restarts under torchrun, a peer that stops answering,
+and two torchrun 'nodes' on one machine."""
+import os, signal, subprocess, sys, time
+import pytest
+from _util import (QUICKSTART, ROOT, read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
+                   snapshot_epochs, world_pids, same_history)
+from cifar_ddp_tut.dist import free_port
+
+EPOCHS = 4
+
+
+def small(save_dir, data_dir, *extra):
+    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir, '--synthetic_train_size', '640',
+            '--synthetic_test_size', '101', '--epoch', str(EPOCHS), '--plot', 'false', *extra]
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+    "The uninterrupted run every interrupted one must reproduce."
+    d = tmp_path_factory.mktemp('ref')
+    p, _ = torchrun(2, *small(d/'run', d/'data'))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return read_metrics(d/'run')
+
+
+def test_resume_after_kill_matches_uninterrupted(tmp_path, reference):
+    args = small(tmp_path/'run', tmp_path/'data')
+    p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
+    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    kill_tree(p.pid); p.wait(30)
+    done = len(read_metrics(tmp_path/'run'))
+    assert 1 <= done < EPOCHS, f"killed after {done} epochs: the run was too fast to interrupt"
+    p2, _ = torchrun(2, *args)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert 'resuming from' in p2.stdout and f'{snapshot_epochs(tmp_path/"run")} of {EPOCHS} epochs done' not in p2.stdout.split('resuming')[0]
+    same_history(read_metrics(tmp_path/'run'), reference)
+    # --resume false starts over and ignores the snapshot
+    p3, _ = torchrun(2, *args, '--resume', 'false', '--epoch', '1')
+    assert p3.returncode == 0 and 'starting fresh' in p3.stdout
+    assert len(read_metrics(tmp_path/'run')) == 1
+
+
+def test_mid_epoch_snapshots_resume(tmp_path):
+    "snapshot_every=K writes snapshots inside the epoch; a resumed run picks up at the recorded batch."
+    args = small(tmp_path/'run', tmp_path/'data', '--snapshot_every', '3', '--epoch', '2')
+    p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
+    import torch
+    def mid_epoch():
+        f = tmp_path/'run'/'snapshot.pt'
+        if not f.exists(): return p.poll() is not None
+        try: return torch.load(f, weights_only=True)['batches_done'] > 0
+        except Exception: return False
+    wait_for(mid_epoch, 300, 'a mid-epoch snapshot')
+    kill_tree(p.pid); p.wait(30)
+    p2, _ = torchrun(2, *args)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    assert 'batches into the next' in p2.stdout, p2.stdout
+    hist = read_metrics(tmp_path/'run')
+    assert [h['epoch'] for h in hist] == [0, 1] and hist[-1]['step'] == 2 * 10
+
+
+def test_elastic_restart_after_sigkill(tmp_path, reference):
+    "torchrun --max-restarts=1: one worker SIGKILLed mid-epoch; the group restarts, resumes and finishes."
+    p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data'), log_dir=tmp_path/'logs', launcher_args=['--max-restarts=1'])
+    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    time.sleep(0.5)  # into the next epoch
+    workers = children(p.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)
+    rc = p.wait(300)
+    out, err = p.out_path.read_text(), p.err_path.read_text()
+    assert rc == 0, err[-3000:]
+    assert 'resuming from' in out, out
+    hist = read_metrics(tmp_path/'run')
+    assert [h['epoch'] for h in hist] == list(range(EPOCHS))  # continuous: no epoch lost or repeated
+    same_history(hist, reference)
+
+
+def test_peer_that_stops_answering_fails_within_timeout(tmp_path):
+    "A rank frozen with SIGSTOP: the other rank's collective times out after timeout_s and it exits with a message."
+    p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data', '--epoch', '30', '--timeout_s', '5'), log_dir=tmp_path/'logs')
+    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    pids = world_pids(p.out_path.read_text())
+    os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        secs = wait_for(lambda: 'did not answer within timeout_s' in p.err_path.read_text(), 90, "rank 0's timeout message")
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    rc = p.wait(120)
+    print(f"rank 0 reported the frozen peer {secs:.1f} s after SIGSTOP (timeout_s=5); torchrun exit code {rc}")
+    assert rc != 0 and secs < 60
+    assert '[rank 0] a peer process died or did not answer within timeout_s' in p.err_path.read_text()
+
+
+def test_two_nodes_on_one_machine(tmp_path):
+    "Two torchrun 'nodes' (--nnodes=2, one process each) meet at a c10d rendezvous on 127.0.0.1 and train together."
+    port = free_port()
+    launcher = ['--nnodes=2', '--rdzv_backend=c10d', f'--rdzv_endpoint=127.0.0.1:{port}', '--rdzv_id=cifar-test']
+    args = small(tmp_path/'run', tmp_path/'data', '--epoch', '2')
+    nodes = [start_torchrun(1, *args, log_dir=tmp_path/f'node{i}', launcher_args=launcher, standalone=False) for i in range(2)]
+    rcs = [n.wait(300) for n in nodes]
+    outs = [n.out_path.read_text() for n in nodes]
+    assert rcs == [0, 0], [n.err_path.read_text()[-2000:] for n in nodes]
+    main_out = next(o for o in outs if o.startswith('world: '))
+    world = main_out.splitlines()[0]
+    assert 'node 0 local 0' in world and 'node 1 local 0' in world, world  # rank 1 is local rank 0 of the second node
+    assert 'replicas in sync: max |parameter difference| over 2 rank(s) = 0' in main_out, main_out
+    assert sum('epoch 2/2: train loss' in o for o in outs) == 1  # one main process in the whole job
+    assert [h['epoch'] for h in read_metrics(tmp_path/'run')] == [0, 1]

@@ -1,0 +1,117 @@
+"""Distributed semantics held with real gloo processes: DDP == big batch, no_sync accumulation, exact evaluation,
+sampler facts, checkpoints across wrappers, SyncBatchNorm refused on CPU."""
+import json, subprocess, sys
+import numpy as np
+import pytest
+import torch
+from _util import QUICKSTART, ROOT, torchrun
+from cifar_ddp_tut.dist import DistEnv, launch
+from cifar_ddp_tut.semantics import ddp_checks, sampler_shards, checkpoint_roundtrip, train_steps, tiny_config
+from cifar_ddp_tut.checkpoint import save_atomic, load_checkpoint, load_model_state
+from cifar_ddp_tut.model import build_model
+
+TOL = 1e-5  # float32 rounding after 3 SGD steps (measured: 1.2e-7); values printed with pytest -s
+
+
+@pytest.fixture(scope='module')
+def single(): return ddp_checks(DistEnv())
+
+
+@pytest.fixture(scope='module')
+def two(): return launch(ddp_checks, 2, timeout_s=300)
+
+
+def _worst(res, ref, key='plain'): return max(float(np.abs(r[key][0] - ref[key][0]).max()) for r in res)
+
+
+def test_ddp_two_processes_equal_one_big_batch(single, two):
+    moved = float(np.abs(single['plain'][0] - train_steps(DistEnv(), steps=0, per_rank=12)[0]).max())
+    worst = _worst(two, single)
+    print(f"N=2: max |param diff| vs single process {worst:.2e} (largest update {moved:.2e})")
+    assert worst < TOL and moved > 1000 * worst
+    assert np.array_equal(two[0]['plain'][0], two[1]['plain'][0])  # replicas bit-identical
+
+
+def test_ddp_three_processes_equal_one_big_batch(single):
+    three = launch(ddp_checks, 3, 12, 3, False, timeout_s=300)
+    worst = _worst(three, single)
+    print(f"N=3: max |param diff| vs single process {worst:.2e}")
+    assert worst < TOL
+    assert all(np.array_equal(r['plain'][0], three[0]['plain'][0]) for r in three)
+
+
+def test_batchnorm_in_training_mode_differs(single, two):
+    "Per-rank batch statistics really change the result: the reason for freeze_bn / SyncBatchNorm."
+    assert _worst(two, single, 'bn_train') > 100 * TOL
+
+
+def test_accumulation_with_no_sync_equals_plain(two):
+    plain, accum = two[0]['plain'], two[0]['accum']
+    diff = float(np.abs(plain[0] - accum[0]).max())
+    print(f"accumulate_steps=3 vs 1: max |param diff| {diff:.2e}; all-reduce hook calls {accum[1]} vs {plain[1]}")
+    assert diff < TOL
+    assert accum[1] == plain[1] > 0  # no_sync skipped the all-reduce on the first two micro-batches
+
+
+def test_eval_only_exact_for_any_world_size(tmp_path):
+    "The same checkpoint evaluated by 1, 2 and 3 processes: same count, same correct, same loss."
+    data, train_dir = tmp_path/'data', tmp_path/'train'
+    common = ['--cfg', QUICKSTART, '--data_dir', data, '--synthetic_train_size', '200', '--synthetic_test_size', '101']
+    p = subprocess.run([sys.executable, '-m', 'cifar_ddp_tut.train', *map(str, common), '--save_dir', str(train_dir),
+                        '--epoch', '1', '--max_steps_per_epoch', '2', '--plot', 'false'], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = {}
+    for n in (1, 2, 3):
+        out = tmp_path/f'eval{n}'
+        p, _ = torchrun(n, *common, '--eval_only', 'true', '--checkpoint', train_dir/'best.pt', '--save_dir', out, '--batch_size', 6)
+        assert p.returncode == 0, p.stderr[-3000:]
+        results[n] = json.loads((out/'eval.json').read_text())
+        assert results[n]['world_size'] == n
+    print({n: (r['count'], r['correct'], r['loss']) for n, r in results.items()})
+    for n in (2, 3):
+        assert results[n]['count'] == results[1]['count'] == 101
+        assert results[n]['correct'] == results[1]['correct']
+        assert abs(results[n]['loss'] - results[1]['loss']) < 1e-5
+
+
+def test_sampler_shards_disjoint_cover_and_reshuffle():
+    # in one process, rank as an argument
+    from torch.utils.data.distributed import DistributedSampler
+    for world in (2, 3, 4):
+        for epoch in range(3):
+            shards = []
+            for r in range(world):
+                s = DistributedSampler(range(48), num_replicas=world, rank=r, shuffle=True, seed=7); s.set_epoch(epoch)
+                shards.append(list(s))
+            assert sorted(sum(shards, [])) == list(range(48))
+    # with real processes
+    res = launch(sampler_shards, 3, 48)
+    with_set, without = [r[0] for r in res], [r[1] for r in res]
+    for e in range(3):
+        assert sorted(sum((with_set[r][e] for r in range(3)), [])) == list(range(48))
+    assert len({tuple(with_set[0][e]) for e in range(3)}) == 3  # a new order every epoch
+    assert all(without[r][0] == without[r][1] == without[r][2] for r in range(3))  # forgot set_epoch: repeats
+
+
+def test_checkpoint_from_ddp_loads_into_plain_model(tmp_path):
+    for key, device, same in launch(checkpoint_roundtrip, 2, str(tmp_path/'ddp.pt')):
+        assert key.startswith('module.') and device == 'cpu' and same
+
+
+def test_checkpoint_between_compiled_and_plain(tmp_path):
+    torch.manual_seed(0)
+    net, compiled = build_model(tiny_config()), torch.compile(build_model(tiny_config()))
+    save_atomic({'model': net.state_dict()}, tmp_path/'plain.pt')
+    load_model_state(compiled, load_checkpoint(tmp_path/'plain.pt'))
+    save_atomic({'model': compiled.state_dict()}, tmp_path/'compiled.pt')
+    assert next(iter(load_checkpoint(tmp_path/'compiled.pt')['model'])).startswith('_orig_mod.')
+    back = build_model(tiny_config())
+    load_model_state(back, load_checkpoint(tmp_path/'compiled.pt'))
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), net.state_dict().values()))
+
+
+def test_sync_bn_on_cpu_is_a_clear_error(tmp_path):
+    p, secs = torchrun(2, '--cfg', QUICKSTART, '--sync_bn', 'true', '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data')
+    assert p.returncode != 0
+    assert 'sync_bn=true needs CUDA GPUs' in p.stderr
+    assert secs < 120
