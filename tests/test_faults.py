@@ -108,3 +108,26 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert 'replicas in sync: max |parameter difference| over 2 rank(s) = 0' in main_out, main_out
     assert sum('epoch 2/2: train loss' in o for o in outs) == 1  # one main process in the whole job
     assert [h['epoch'] for h in read_metrics(tmp_path/'run')] == [0, 1]
+
+
+def test_crash_while_writing_keeps_previous_snapshot(tmp_path):
+    "A process killed halfway through writing a snapshot leaves the previous one whole and loadable."
+    from cifar_ddp_tut.checkpoint import load_checkpoint, save_atomic
+    import torch
+    save_atomic({'model': {'w': torch.arange(10.)}, 'epochs_run': 1}, tmp_path/'snapshot.pt')
+    before = (tmp_path/'snapshot.pt').read_bytes()
+    crash = f"""
+import os, torch
+from cifar_ddp_tut.checkpoint import save_atomic
+def dying_save(obj, f, *a, **k):
+    f.write(b'PK\\x03\\x04 half a zip'); f.flush(); os._exit(9)  # killed mid-write
+torch.save = dying_save
+save_atomic({{'model': {{'w': torch.zeros(10)}}, 'epochs_run': 2}}, {str(tmp_path/'snapshot.pt')!r})
+"""
+    p = subprocess.run([sys.executable, '-c', crash], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 9, p.stderr
+    assert (tmp_path/'snapshot.pt').read_bytes() == before
+    assert load_checkpoint(tmp_path/'snapshot.pt')['epochs_run'] == 1
+    # the next successful save clears the dead writer's temporary file
+    save_atomic({'model': {}, 'epochs_run': 2}, tmp_path/'snapshot.pt')
+    assert sorted(f.name for f in tmp_path.iterdir()) == ['snapshot.pt']
