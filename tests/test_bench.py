@@ -1,0 +1,111 @@
+"The benchmark command end to end on CPU, the fast config file, and the accuracy check: the fast recipe learns as well as the original."
+import json, os, subprocess, sys, time
+from pathlib import Path
+import pytest
+from _util import QUICKSTART, ROOT, read_metrics, torchrun
+from cifar_ddp_tut.bench import RECIPES, bench_config
+from cifar_ddp_tut.config import config_dict, load_config
+
+FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s', 'peak_mem_gb', 'ratio_to_original',
+          'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'per_rank_batch', 'global_batch', 'train_loss'}
+
+
+def bench(*args, timeout=240):
+    "Run `python -m cifar_ddp_tut.bench *args`; (CompletedProcess, seconds)."
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, '-m', 'cifar_ddp_tut.bench', *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # shared cores: 1 thread a process
+    return p, time.monotonic() - t0
+
+
+def test_bench_cpu_both_recipes(tmp_path):
+    "Both recipes on 1 and 2 gloo processes with a tiny model: a table on stdout and every figure in the JSON."
+    out = tmp_path/'bench.json'
+    p, secs = bench('--size', 'small', '--nprocs', '1,2', '--warmup', 1, '--steps', 3, '--eval_batches', 1,
+                    '--image_size', 32, '--resize_size', 36, '--batch_size', 16, '--out', out)
+    assert p.returncode == 0, p.stderr[-4000:]
+    rep = json.loads(out.read_text())
+    rows = rep['results']
+    assert sorted((r['recipe'], r['nprocs']) for r in rows) == [('fast', 1), ('fast', 2), ('original', 1), ('original', 2)]
+    for r in rows:
+        assert FIELDS <= set(r), FIELDS - set(r)
+        assert r['images_per_s'] > 0 and r['ms_per_step'] > 0 and r['eval_images_per_s'] > 0 and r['peak_mem_gb'] > 0
+        assert r['global_batch'] == 16 and r['per_rank_batch'] == 16 // r['nprocs'] and r['model'] == 'resnet18'
+        assert abs(r['projected_5_epochs_s'] - 5 * 50_000 / r['images_per_s']) < 1e-6
+        assert r['projected_5_epochs_with_eval_s'] > r['projected_5_epochs_s']
+        assert r['host_syncs_per_step'] is None  # counted on CUDA only
+        if r['recipe'] == 'original': assert r['ratio_to_original'] == 1.0
+        else:
+            orig = next(o for o in rows if o['recipe'] == 'original' and o['nprocs'] == r['nprocs'])
+            assert abs(r['ratio_to_original'] - r['images_per_s'] / orig['images_per_s']) < 1e-9
+    assert rep['hardware']['device'] == 'cpu' and rep['hardware']['label']
+    assert '| recipe | processes |' in p.stdout and f'wrote {out}' in p.stdout
+    print(f"bench: {secs:.1f} s\n{p.stdout}")
+
+
+def test_bench_errors_are_clear(tmp_path):
+    "A mistake in the arguments stops before anything runs; a failing worker gives its message and a non-zero exit."
+    p, _ = bench('--recipes', 'original,fastest', timeout=60)
+    assert p.returncode == 2 and "recipe 'fastest' is neither one of" in p.stderr, p.stderr
+    p, _ = bench('--nprocs', '3', '--batch_size', 32, timeout=60)
+    assert p.returncode == 2 and 'batch_size=32 is not divisible by world_size=3' in p.stderr, p.stderr
+    # nccl without a GPU fails inside the torchrun workers: the message comes back, nothing hangs
+    out = tmp_path/'bench.json'
+    p, secs = bench('--recipes', 'fast', '--backend', 'nccl', '--steps', 1, '--warmup', 1, '--timeout_s', 120, '--out', out, timeout=150)
+    assert p.returncode == 1 and "recipe 'fast' on 1 process(es) failed" in p.stderr and 'backend=nccl needs CUDA' in p.stderr, p.stderr
+    assert secs < 100
+    rep = json.loads(out.read_text())  # the report is still written, with the failure in it
+    assert rep['results'] == [] and 'backend=nccl needs CUDA' in rep['failures'][0]['error']
+
+
+def test_fast_config_file():
+    "config/classifier_cifar10_fast.yaml is the original run's config with the fast recipe on."
+    orig = config_dict(load_config(ROOT/'config'/'classifier_cifar10.yaml'))
+    fast = config_dict(load_config(ROOT/'config'/'classifier_cifar10_fast.yaml'))
+    for k, v in RECIPES['fast'].items(): assert fast[k] == v, k
+    assert {k for k in orig if orig[k] != fast[k]} <= set(RECIPES['fast']) | {'save_dir'}
+    # and the benchmark runs it as a recipe of its own
+    c = bench_config(str(ROOT/'config'/'classifier_cifar10_fast.yaml'), 'small')
+    assert c.device_data and c.amp == 'bf16' and c.model == 'resnet18' and c.dataset == 'synthetic'
+
+
+
+# The quickstart as it is (3 epochs at lr 0.05, 501 test images) is too noisy for a one-point comparison: changing
+# nothing but the random stream of the crops (the original recipe with one DataLoader worker) moved its final
+# accuracy by up to 2.8 points, either way. A lower learning rate, 5 epochs (closer to convergence) and 1,000 test
+# images (less sampling noise) make the comparison meaningful and stable: see the measurements in issue 5's report.
+ACCURACY_SETTINGS = ['--lr', 0.01, '--epoch', 5, '--synthetic_test_size', 1000]
+
+
+def _recipe_args(name):
+    return [a for k, v in RECIPES[name].items() for a in (f'--{k}', str(v).lower() if isinstance(v, bool) else v)]
+
+
+def _train(name, root):
+    out = root/name
+    p, secs = torchrun(2, '--cfg', QUICKSTART, '--save_dir', out, '--data_dir', root/'data', '--plot', 'false',
+                       *ACCURACY_SETTINGS, *_recipe_args(name))
+    assert p.returncode == 0, p.stderr[-4000:]
+    hist = read_metrics(out)
+    assert len(hist) == 5 and hist[-1]['val_count'] == 1000
+    return hist[-1]['val_acc'], secs
+
+
+@pytest.fixture(scope='module')
+def original_run(tmp_path_factory):
+    "The quickstart trained with the original recipe, once for the tests below: (final val acc, seconds)."
+    return _train('original', tmp_path_factory.mktemp('accuracy'))
+
+
+def test_original_recipe_learns(original_run):
+    acc, secs = original_run
+    print(f"original recipe: final val acc {acc:.4f} ({secs:.0f} s)")
+    assert acc > 0.9  # learnt (chance is 0.1), but not saturated: the comparison below means something
+    assert acc < 0.999
+
+
+def test_fast_recipe_accuracy(original_run, tmp_path):
+    "The fast recipe (device data, bf16, channels_last, static DDP graph) reaches the original's accuracy within a point."
+    acc, secs = _train('fast', tmp_path)
+    print(f"fast recipe: final val acc {acc:.4f} ({secs:.0f} s); original {original_run[0]:.4f}")
+    assert abs(acc - original_run[0]) <= 0.01, (acc, original_run[0])
