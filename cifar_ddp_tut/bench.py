@@ -11,7 +11,7 @@ import torch.distributed as dist
 import yaml
 from .config import Config, ConfigError, load_config, config_dict, per_rank_batch_size
 from .dist import DistError, setup, teardown, barrier
-from .train import build_trainer, peak_memory_gb
+from .train import build_trainer, peak_memory_gb, _in_ipython
 
 # %% auto #0
 __all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'parse_recipe', 'bench_config',
@@ -369,9 +369,5 @@ def main(argv=None):
     if report['failures']:
         for f in report['failures']: print(f"cifar_ddp_bench: error: {f['error']}", file=sys.stderr, flush=True)
         sys.exit(1)
-
-def _in_ipython():
-    ip = sys.modules.get('IPython')
-    return ip is not None and ip.get_ipython() is not None
 
 if __name__ == '__main__' and not _in_ipython(): main()

@@ -14,8 +14,7 @@ from .model import build_model, prepare_model, build_optimizer, build_scheduler
 from .train import Trainer
 
 # %% auto #0
-__all__ = ['tiny_config', 'fixed_batches', 'train_steps', 'ddp_checks', 'evaluate_with', 'sampler_shards', 'checkpoint_roundtrip',
-           'train_steps_sync_bn']
+__all__ = ['tiny_config', 'fixed_batches', 'train_steps', 'ddp_checks', 'evaluate_with', 'sampler_shards', 'checkpoint_roundtrip']
 
 # %% ../nbs/09_semantics.ipynb #181f8604
 def tiny_config(**kw) -> Config:
@@ -37,10 +36,10 @@ def _counting_allreduce(state:_CallCounter, bucket):
     state.calls += 1
     return default_hooks.allreduce_hook(None, bucket)
 
-def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, accumulate_steps:int=1, freeze_bn:bool=True, global_batch:int|None=None):
+def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, accumulate_steps:int=1, freeze_bn:bool=True, sync_bn:bool=False):
     "`steps` optimizer steps of the project's Trainer on this rank's slice of fixed global batches: (params, all-reduce calls)."
     n = per_rank * env.world_size
-    cfg = tiny_config(batch_size=n, accumulate_steps=accumulate_steps, freeze_bn=freeze_bn)
+    cfg = tiny_config(batch_size=n, accumulate_steps=accumulate_steps, freeze_bn=freeze_bn, sync_bn=sync_bn and env.world_size > 1)
     seed_everything(0)
     model, bare = prepare_model(build_model(cfg), cfg, env)
     counter = _CallCounter()
@@ -52,12 +51,12 @@ def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, accumulate_steps:int=1
     mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
     micro = per_rank // accumulate_steps
     for s in range(steps):
-        x, y = xs[s, mine], ys[s, mine]
+        x, y = xs[s, mine].to(env.device), ys[s, mine].to(env.device)
         for j in range(accumulate_steps):
             part = slice(j * micro, (j + 1) * micro)
             trainer._run_batch(x[part], y[part], sync=j == accumulate_steps - 1)
         trainer._optimizer_step()
-    return torch.cat([p.detach().flatten() for p in bare.parameters()]).numpy(), counter.calls
+    return torch.cat([p.detach().flatten() for p in bare.parameters()]).cpu().numpy(), counter.calls
 
 def ddp_checks(env:DistEnv, global_batch:int=12, steps:int=3, variants:bool=True) -> dict:
     "`train_steps` on this job's ranks: plain, and (if `variants`) with 3 micro-batches and with BN in training mode."
@@ -113,19 +112,3 @@ def checkpoint_roundtrip(env:DistEnv, path:str):
     load_model_state(plain, ck)
     same = all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), bare.state_dict().values()))
     return next(iter(ck['model'])), str(next(iter(ck['model'].values())).device), same
-
-# %% ../nbs/09_semantics.ipynb #00acfcdf
-def train_steps_sync_bn(env:DistEnv, steps:int=3, per_rank:int=6):
-    "Like `train_steps` with BN in training mode and SyncBatchNorm (CUDA only)."
-    n = per_rank * env.world_size
-    cfg = tiny_config(batch_size=n, freeze_bn=False, sync_bn=env.world_size > 1)
-    seed_everything(0)
-    model, bare = prepare_model(build_model(cfg), cfg, env)
-    opt = build_optimizer(model, cfg, env)
-    trainer = Trainer(cfg, env, model, bare, opt, build_scheduler(opt, cfg, steps), [None] * steps, None)
-    trainer._train_mode()
-    xs, ys = fixed_batches(steps, n)
-    mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
-    for s in range(steps):
-        trainer._run_batch(xs[s, mine].to(env.device), ys[s, mine].to(env.device), sync=True); trainer._optimizer_step()
-    return torch.cat([p.detach().flatten() for p in bare.parameters()]).cpu().numpy()
