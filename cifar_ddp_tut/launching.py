@@ -16,7 +16,7 @@ TORCHRUN_VARS = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_
 def print_env(crash_rank:int=-1):
     "Print this process's torchrun variables as one JSON line; rank `crash_rank` dies on the first attempt (restart demo)."
     env = {k: os.environ.get(k) for k in TORCHRUN_VARS}
-    print(json.dumps(env), flush=True)
+    sys.stdout.write(json.dumps(env) + '\n'); sys.stdout.flush()  # one write: ranks share the pipe, lines must not interleave
     if str(crash_rank) == env['RANK'] and env['TORCHELASTIC_RESTART_COUNT'] == '0':
         print(f"rank {crash_rank}: simulating a crash (exit code 13) on attempt 0", file=sys.stderr, flush=True)
         os._exit(13)
