@@ -56,15 +56,22 @@ def load_checkpoint(path, map_location='cpu') -> dict:
     "The dict in checkpoint `path`, loaded with `weights_only=True` onto `map_location`."
     path = Path(path)
     if not path.is_file(): raise CheckpointError(f"checkpoint={str(path)!r} does not exist; pass the path of a best.pt or snapshot.pt")
+    # torch.save writes a zip archive; anything else (a half-written file, a foreign file) is not one of ours.
+    # Checking first turns every kind of garbage into one message, not whichever error the unpickler trips on.
+    try: is_zip = zipfile.is_zipfile(path)
+    except Exception: is_zip = False  # is_zipfile itself raises on some damaged directories
+    if not is_zip:
+        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated (not a PyTorch zip archive); "
+                              f"delete it, or point to another one")
     try: ck = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if 'GLOBAL' not in str(e):  # not a refused class or function: the bytes themselves are not a pickle
-            raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated (not a PyTorch file); "
-                                  f"delete it, or point to another one") from None
-        raise CheckpointError(f"checkpoint={str(path)!r} was refused: it holds objects other than tensors and plain data, "
-                              f"which could run code when loaded ({str(e).splitlines()[0][:120]}); use only checkpoints this program wrote") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated ({type(e).__name__}: {str(e).splitlines()[0][:120]}); "
+        if 'GLOBAL' in str(e):  # a refused class or function: the file would run code if loaded unsafely
+            raise CheckpointError(f"checkpoint={str(path)!r} was refused: it holds objects other than tensors and plain data, "
+                                  f"which could run code when loaded ({str(e).splitlines()[0][:120]}); use only checkpoints this program wrote") from None
+        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt (UnpicklingError: {str(e).splitlines()[0][:120]}); "
+                              f"delete it, or point to another one") from None
+    except Exception as e:  # a damaged archive fails in many ways (BadZipFile, RuntimeError, EOFError, IndexError, ...)
+        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}); "
                               f"delete it, or point to another one") from None
     if not isinstance(ck, dict) or 'model' not in ck:
         raise CheckpointError(f"checkpoint={str(path)!r} is not a checkpoint of this program (no 'model' entry)")

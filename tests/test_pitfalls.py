@@ -76,7 +76,7 @@ def test_rank0_only_collective_times_out():
         assert [ev['outcome'] for ev in r['fixed']['events']] == ['ok', 'ok']
         bad, = r['wrong']['events']
         assert 'Timed out waiting 3000ms' in bad['outcome'], bad
-        assert 2.9 < bad['end'] - bad['start'] < 8, bad  # it waited for the timeout, and not much longer
+        assert 2.9 < bad['end'] - bad['start'] < 20, bad  # it waited for the timeout, not for ever (slack for a busy machine)
     assert [r['wrong']['events'][0]['name'] for r in res] == ['all_reduce', 'barrier']  # each waits in its own collective
     assert res[0]['fixed']['log'] == 'epoch loss 3.00' and res[0]['wrong']['log'] is None
     assert elapsed < 100, elapsed  # process start-up included; a hang would have hit launch's 120 s deadline
