@@ -12,6 +12,7 @@ import yaml
 from .config import Config, ConfigError, load_config, config_dict, per_rank_batch_size
 from .dist import DistError, setup, teardown, barrier
 from .train import build_trainer, peak_memory_gb, _in_ipython
+from .checkpoint import write_atomic
 
 # %% auto #0
 __all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'parse_recipe', 'bench_config',
@@ -150,8 +151,7 @@ def _worker_main(argv):
     try:
         cfg = load_config(None, json.loads(Path(a.config).read_text()))
         res = bench_worker(cfg, a.warmup, a.steps)
-        if rank == 0:
-            tmp = Path(a.result + '.tmp'); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, a.result)
+        if rank == 0: write_atomic(a.result, lambda f: f.write(json.dumps(res, indent=1).encode()))
     except Exception as e:
         if not isinstance(e, (ConfigError, DistError)): traceback.print_exc()
         print(f"cifar_ddp_bench: error: [rank {rank}] {type(e).__name__}: {e}", file=sys.stderr, flush=True)
@@ -176,13 +176,18 @@ def _error_lines(stderr:str) -> str:
     if ours: return ours[0].split('cifar_ddp_bench: error: ', 1)[1]
     return '\n'.join(l for l in stderr.splitlines() if l.strip())[-2000:] or 'no message on stderr'
 
-def _descendants(pid:int) -> list:
-    "Ids of the processes below `pid` (from Linux's /proc; none found elsewhere)."
+def _child_pids() -> dict:
+    "{parent pid: [its children's pids]} for every process (from Linux's /proc; empty elsewhere)."
     kids = {}
     for d in Path('/proc').glob('[0-9]*'):
         try: ppid = int((d/'stat').read_text().rsplit(')', 1)[1].split()[1])
         except (OSError, ValueError, IndexError): continue
         kids.setdefault(ppid, []).append(int(d.name))
+    return kids
+
+def _descendants(pid:int) -> list:
+    "Ids of the processes below `pid` (from Linux's /proc; none found elsewhere)."
+    kids = _child_pids()
     out, todo = [], [pid]
     while todo:
         for c in kids.get(todo.pop(), []): out.append(c); todo.append(c)
@@ -273,6 +278,10 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
 # %% ../nbs/08_benchmark.ipynb #670020fd
 def _secs(s): return f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"
 
+def _threads(row:dict) -> str:
+    "', N thread(s) a process' for a CPU result (part of what its figures mean), else ''."
+    return f", {row['threads_per_process']} thread(s) a process" if row['device'] == 'cpu' else ''
+
 def bench_table(report:dict) -> str:
     "The report's results as a Markdown table."
     head = ("| recipe | processes | batch per rank | images/s | ms/step | eval images/s | peak mem GB | x original "
@@ -289,8 +298,7 @@ def bench_table(report:dict) -> str:
     what = ''
     if report['results']:
         r0 = report['results'][0]
-        threads = f", {r0['threads_per_process']} thread(s) a process" if r0['device'] == 'cpu' else ''
-        what = (f"{threads}; {r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}, {report['steps']} timed steps "
+        what = (f"{_threads(r0)}; {r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}, {report['steps']} timed steps "
                 f"after {report['warmup']}; 5 epochs = {EPOCHS} x {CIFAR_TRAIN:,} images and {EPOCHS} x {CIFAR_TEST:,} evaluated (projected)")
     return '\n'.join(lines) + f"\n\n{report['hardware']['label']}{what}"
 
@@ -303,11 +311,11 @@ def plot_bench(report:dict, path=None):
     fig = Figure(figsize=(12, 4.2))
     axs = fig.subplots(1, 2)
     width = 0.8 / len(recipes)
+    by = {(r['recipe'], r['nprocs']): r for r in rows}
     for j, rec in enumerate(recipes):
+        xs = [k + j * width for k, n in enumerate(procs) if (rec, n) in by]
+        sel = [by[rec, n] for n in procs if (rec, n) in by]
         for ax, key in zip(axs, ('images_per_s', 'projected_5_epochs_with_eval_s')):
-            xs = [k + j * width for k, n in enumerate(procs) if any(r['recipe'] == rec and r['nprocs'] == n for r in rows)]
-            sel = [next(r for r in rows if r['recipe'] == rec and r['nprocs'] == n) for n in procs
-                   if any(r['recipe'] == rec and r['nprocs'] == n for r in rows)]
             bars = ax.bar(xs, [r[key] for r in sel], width, label=rec)
             if key == 'images_per_s':
                 ax.bar_label(bars, [f"x{r['ratio_to_original']:.2f}" if r['ratio_to_original'] else '' for r in sel], fontsize=8)
@@ -315,8 +323,7 @@ def plot_bench(report:dict, path=None):
         ax.set_xticks([k + width * (len(recipes) - 1) / 2 for k in range(len(procs))], [f"{n} process(es)" for n in procs])
         ax.set_title(title); ax.legend(fontsize=8)
     r0 = rows[0]
-    threads = f", {r0['threads_per_process']} thread(s) a process" if r0['device'] == 'cpu' else ''
-    fig.suptitle(f"{report['hardware']['label']}{threads}\n{r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}", fontsize=10)
+    fig.suptitle(f"{report['hardware']['label']}{_threads(r0)}\n{r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}", fontsize=10)
     fig.tight_layout()
     if path: fig.savefig(path, dpi=90)
     return fig

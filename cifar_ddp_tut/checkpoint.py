@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch import nn
 
 # %% auto #0
-__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'load_checkpoint', 'load_model_state', 'get_rng_state',
-           'set_rng_state', 'gather_rng_states']
+__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'write_atomic', 'save_atomic', 'load_checkpoint', 'load_model_state',
+           'get_rng_state', 'set_rng_state', 'gather_rng_states']
 
 # %% ../nbs/05_checkpoint.ipynb #1202be3d
 class CheckpointError(RuntimeError):
@@ -37,42 +37,42 @@ def strip_prefixes(sd:dict) -> dict:
     return {clean(k): v for k, v in sd.items()}
 
 # %% ../nbs/05_checkpoint.ipynb #16709ddf
-def save_atomic(obj, path):
-    "`torch.save(obj, path)` so that `path` is always either the old file or the complete new one."
+def write_atomic(path, write):
+    "Call `write(f)` on a binary temporary file beside `path`, then rename it: `path` is always the old file or the complete new one."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
         with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f); f.flush(); os.fsync(f.fileno())
+            write(f); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
         for stale in path.parent.glob(f'.{path.name}.*.tmp'): stale.unlink(missing_ok=True)  # left by a writer that was killed
     except BaseException:
         if os.path.exists(tmp): os.unlink(tmp)
         raise
 
+def save_atomic(obj, path):
+    "`torch.save(obj, path)` so that `path` is always either the old file or the complete new one."
+    write_atomic(path, lambda f: torch.save(obj, f))
+
 # %% ../nbs/05_checkpoint.ipynb #2af38c21
 def load_checkpoint(path, map_location='cpu') -> dict:
     "The dict in checkpoint `path`, loaded with `weights_only=True` onto `map_location`."
     path = Path(path)
     if not path.is_file(): raise CheckpointError(f"checkpoint={str(path)!r} does not exist; pass the path of a best.pt or snapshot.pt")
+    def corrupt(why): return CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated ({why}); delete it, or point to another one")
     # torch.save writes a zip archive; anything else (a half-written file, a foreign file) is not one of ours.
     # Checking first turns every kind of garbage into one message, not whichever error the unpickler trips on.
     try: is_zip = zipfile.is_zipfile(path)
     except Exception: is_zip = False  # is_zipfile itself raises on some damaged directories
-    if not is_zip:
-        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated (not a PyTorch zip archive); "
-                              f"delete it, or point to another one")
+    if not is_zip: raise corrupt("not a PyTorch zip archive")
     try: ck = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        if 'GLOBAL' in str(e):  # a refused class or function: the file would run code if loaded unsafely
-            raise CheckpointError(f"checkpoint={str(path)!r} was refused: it holds objects other than tensors and plain data, "
-                                  f"which could run code when loaded ({str(e).splitlines()[0][:120]}); use only checkpoints this program wrote") from None
-        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt (UnpicklingError: {str(e).splitlines()[0][:120]}); "
-                              f"delete it, or point to another one") from None
     except Exception as e:  # a damaged archive fails in many ways (BadZipFile, RuntimeError, EOFError, IndexError, ...)
-        raise CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}); "
-                              f"delete it, or point to another one") from None
+        first = (str(e).splitlines() or [''])[0][:120]
+        if isinstance(e, pickle.UnpicklingError) and 'GLOBAL' in str(e):  # a refused class or function: it would run code
+            raise CheckpointError(f"checkpoint={str(path)!r} was refused: it holds objects other than tensors and plain data, "
+                                  f"which could run code when loaded ({first}); use only checkpoints this program wrote") from None
+        raise corrupt(f"{type(e).__name__}: {first}") from None
     if not isinstance(ck, dict) or 'model' not in ck:
         raise CheckpointError(f"checkpoint={str(path)!r} is not a checkpoint of this program (no 'model' entry)")
     return ck

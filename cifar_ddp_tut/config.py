@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #94181c2b
 from __future__ import annotations
-import argparse, dataclasses, difflib, sys
+import argparse, dataclasses, difflib
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any

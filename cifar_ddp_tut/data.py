@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_data.ipynb #b83f69d9
 from __future__ import annotations
-import functools, hashlib, json, math, os, pickle
+import functools, hashlib, json, math, pickle
 from pathlib import Path
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 from .config import Config, ConfigError, per_rank_batch_size
 from .dist import DistEnv, in_order
+from .checkpoint import write_atomic
 
 # %% auto #0
 __all__ = ['CLASSES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'DataError', 'synthetic_images', 'write_synthetic_cifar10',
@@ -55,9 +56,7 @@ def write_synthetic_cifar10(root, n_train:int=5000, n_test:int=1000, seed:int=0)
     folder = Path(root)/_BASE
     folder.mkdir(parents=True, exist_ok=True)
     def dump(name, obj):
-        tmp = folder/f'{name}.tmp'
-        with open(tmp, 'wb') as f: pickle.dump(obj, f, protocol=2)
-        os.replace(tmp, folder/name)  # atomic: a reader never sees half a file
+        write_atomic(folder/name, lambda f: pickle.dump(obj, f, protocol=2))  # a reader never sees half a file
         return [name, _md5(folder/name)]
     xs, ys = synthetic_images(n_train, seed)
     train_list = []
@@ -71,8 +70,7 @@ def write_synthetic_cifar10(root, n_train:int=5000, n_test:int=1000, seed:int=0)
                                      'filenames': [f'synthetic_test_{i:06d}.png' for i in range(n_test)]})]
     meta = dump('batches.meta', {'label_names': CLASSES, 'num_cases_per_batch': math.ceil(n_train / 5), 'num_vis': 3072})
     manifest = dict(train_list=train_list, test_list=test_list, meta=meta[1], n_train=n_train, n_test=n_test, seed=seed)
-    (folder/(_MANIFEST + '.tmp')).write_text(json.dumps(manifest, indent=1))
-    os.replace(folder/(_MANIFEST + '.tmp'), folder/_MANIFEST)  # written last: its presence means "complete"
+    write_atomic(folder/_MANIFEST, lambda f: f.write(json.dumps(manifest, indent=1).encode()))  # written last: its presence means "complete"
     return folder
 
 class SyntheticCIFAR10(torchvision.datasets.CIFAR10):

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_launching.ipynb #e3615755
 from __future__ import annotations
-import json, os, sys, time
+import json, os, sys
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'print_env']

@@ -11,7 +11,7 @@ from torch import nn
 import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
 from .config import Config, ConfigError
-from .dist import DistEnv, in_order
+from .dist import DistEnv
 
 # %% auto #0
 __all__ = ['ModelError', 'build_model', 'prepare_model', 'no_sync', 'build_optimizer', 'build_scheduler']

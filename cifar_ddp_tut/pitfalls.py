@@ -16,9 +16,9 @@ from .checkpoint import CheckpointError, load_checkpoint, load_model_state, save
 
 # %% auto #0
 __all__ = ['epoch_orders', 'demo_set_epoch', 'AnswerKey', 'demo_padded_eval', 'Timeline', 'epoch_end_wrong', 'epoch_end_fixed',
-           'demo_rank0_only_collective', 'archive_bytes', 'fake_download', 'download_if_missing', 'unpack',
-           'demo_download', 'torchrun_env', 'demo_rank_vs_local_rank', 'slow_write', 'toy_snapshot',
-           'demo_save_every_rank', 'small_net', 'demo_module_prefix', 'run_many']
+           'demo_rank0_only_collective', 'archive_bytes', 'slow_write', 'fake_download', 'download_if_missing',
+           'unpack', 'demo_download', 'torchrun_env', 'demo_rank_vs_local_rank', 'toy_snapshot', 'demo_save_every_rank',
+           'small_net', 'demo_module_prefix', 'run_many']
 
 # %% ../nbs/10_pitfalls.ipynb #2491fc84
 def epoch_orders(env:DistEnv, n:int=12, epochs:int=3, call_set_epoch:bool=True) -> list:
@@ -107,6 +107,12 @@ def archive_bytes(size:int=1 << 19) -> bytes:
     "A deterministic gzip archive of `size` random bytes: the file every rank wants."
     return gzip.compress(random.Random(0).randbytes(size), mtime=0)
 
+def slow_write(data:bytes, path, chunks:int=10, pause_s:float=0.06):
+    "Write `data` to `path` in place, a chunk at a time: a slow network, or a big `torch.save` onto a network disk."
+    with open(path, 'wb') as f:
+        for i in range(chunks):
+            f.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks]); f.flush(); time.sleep(pause_s)
+
 def fake_download(dest,
                   latency_s:float=0.3,  # connecting: the file does not exist yet
                   chunks:int=10,        # the archive arrives in this many pieces...
@@ -117,9 +123,7 @@ def fake_download(dest,
     data, dest = archive_bytes(), Path(dest)
     time.sleep(latency_s)
     target = dest.with_name(f'.{dest.name}.{os.getpid()}.part') if atomic else dest
-    with open(target, 'wb') as f:
-        for i in range(chunks):
-            f.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks]); f.flush(); time.sleep(pause_s)
+    slow_write(data, target, chunks, pause_s)
     if atomic: os.replace(target, dest)  # the name appears only when the file is complete
     return len(data)
 
@@ -171,12 +175,6 @@ def demo_rank_vs_local_rank(env:DistEnv,
     return out
 
 # %% ../nbs/10_pitfalls.ipynb #57715346
-def slow_write(data:bytes, path, chunks:int=10, pause_s:float=0.06):
-    "Write `data` to `path` in place, a chunk at a time: a big `torch.save` onto a network disk."
-    with open(path, 'wb') as f:
-        for i in range(chunks):
-            f.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks]); f.flush(); time.sleep(pause_s)
-
 def toy_snapshot() -> dict:
     "A small snapshot, the same on every rank (as DDP replicas are)."
     torch.manual_seed(0)

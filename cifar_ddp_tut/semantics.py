@@ -6,7 +6,6 @@
 from __future__ import annotations
 import numpy as np
 import torch
-from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from .config import Config
 from .dist import DistEnv, seed_everything

@@ -4,21 +4,21 @@
 
 # %% ../nbs/06_train.ipynb #56b9f9b4
 from __future__ import annotations
-import json, math, os, resource, sys, time
+import json, os, resource, sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from .config import Config, ConfigError, config_dict, parse_cli, per_rank_batch_size
-from .dist import DistEnv, DistError, PeerFailed, setup, teardown, barrier, seed_everything, autocast, in_order, describe_world
+from .dist import DistEnv, DistError, PeerFailed, setup, teardown, seed_everything, autocast, in_order, describe_world
 from .data import DataError, get_datasets, build_loaders, train_transform, test_transform
 from .metrics import SumMetric, evaluate
 from .model import ModelError, build_model, prepare_model, build_optimizer, build_scheduler, no_sync
-from .checkpoint import (CheckpointError, save_atomic, load_checkpoint, load_model_state, unwrap,
+from .checkpoint import (CheckpointError, save_atomic, write_atomic, load_checkpoint, load_model_state, unwrap,
                                       gather_rng_states, set_rng_state)
 
 # %% auto #0
-__all__ = ['peak_memory_gb', 'plot_history', 'Trainer', 'build_trainer', 'run', 'run_eval', 'main']
+__all__ = ['peak_memory_gb', 'plot_history', 'micro_batches_per_epoch', 'Trainer', 'build_trainer', 'run', 'run_eval', 'main']
 
 # %% ../nbs/06_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
@@ -44,6 +44,12 @@ def plot_history(history:list, lrs:list, path=None, title:str=''):
     return fig
 
 # %% ../nbs/06_train.ipynb #44ea3c0e
+def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
+    "Micro-batches trained per epoch out of the loader's `n_batches`: capped by max_steps_per_epoch, whole optimizer steps only."
+    k = cfg.accumulate_steps
+    n = min(n_batches, cfg.max_steps_per_epoch * k) if cfg.max_steps_per_epoch else n_batches
+    return n - n % k
+
 class Trainer:
     "DDP training with exact metrics, atomic snapshots and resume."
     def __init__(self, cfg:Config, env:DistEnv, model, bare_model, optimizer, scheduler, train_loader, test_loader):
@@ -54,13 +60,7 @@ class Trainer:
         self.save_dir = Path(cfg.save_dir)
         self.epochs_run, self.step, self.batches_done = 0, 0, 0
         self.history, self.lrs, self.best_acc, self.seconds = [], [], -1.0, 0.0
-        self.steps_per_epoch = self._steps_per_epoch()
-
-    def _steps_per_epoch(self):
-        "Micro-batches per epoch (whole optimizer steps only)."
-        n = len(self.train_loader)
-        if self.cfg.max_steps_per_epoch: n = min(n, self.cfg.max_steps_per_epoch * self.cfg.accumulate_steps)
-        return n - n % self.cfg.accumulate_steps
+        self.steps_per_epoch = micro_batches_per_epoch(len(train_loader), cfg)
 
     def _run_batch(self, x, y, sync:bool):
         "Forward and backward for one micro-batch; gradients are all-reduced only when `sync`."
@@ -140,10 +140,8 @@ class Trainer:
         return ck['world_size']
 
     def _write_metrics(self):
-        path = self.save_dir/'metrics.jsonl'
-        tmp = path.with_suffix('.jsonl.tmp')
-        tmp.write_text(''.join(json.dumps(h) + '\n' for h in self.history))
-        os.replace(tmp, path)  # the whole history, atomically: a resumed run never duplicates lines
+        text = ''.join(json.dumps(h) + '\n' for h in self.history)
+        write_atomic(self.save_dir/'metrics.jsonl', lambda f: f.write(text.encode()))  # the whole history: a resumed run never duplicates lines
 
     def fit(self):
         "Train from `epochs_run` to `cfg.epoch`, evaluating, logging and snapshotting every epoch."
@@ -204,8 +202,8 @@ def build_trainer(cfg:Config, env:DistEnv) -> Trainer:
     train_loader, test_loader = build_loaders(cfg, env, train_ds, test_ds)
     model, bare = prepare_model(model, cfg, env)
     optimizer = build_optimizer(model, cfg, env)
-    steps = len(train_loader) if not cfg.max_steps_per_epoch else min(len(train_loader), cfg.max_steps_per_epoch * cfg.accumulate_steps)
-    scheduler = build_scheduler(optimizer, cfg, max(1, steps // cfg.accumulate_steps) * cfg.epoch)
+    steps = micro_batches_per_epoch(len(train_loader), cfg) // cfg.accumulate_steps
+    scheduler = build_scheduler(optimizer, cfg, max(1, steps) * cfg.epoch)
     seed_everything(cfg.seed + env.rank)  # augmentations differ between ranks
     return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader)
 
@@ -242,8 +240,7 @@ def run_eval(cfg:Config, trainer:Trainer) -> dict:
     res = trainer.evaluate()
     res.update(checkpoint=str(cfg.checkpoint), world_size=trainer.env.world_size)
     if trainer.env.is_main:
-        Path(cfg.save_dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.save_dir)/'eval.json').write_text(json.dumps(res, indent=1) + '\n')
+        write_atomic(Path(cfg.save_dir)/'eval.json', lambda f: f.write((json.dumps(res, indent=1) + '\n').encode()))
         print(f"eval {cfg.checkpoint}: {res['count']} images, {res['correct']} correct, acc {res['acc']:.4f}, loss {res['loss']:.4f}", flush=True)
     return res
 

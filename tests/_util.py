@@ -1,18 +1,26 @@
 "Helpers for tests that run the real program under torchrun."
 import json, os, subprocess, sys, time
 from pathlib import Path
+from cifar_ddp_tut.bench import _child_pids, _descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT/'config'/'cpu_quickstart.yaml'
 
 
+def _torchrun_cmd(nproc, args, launcher_args=(), standalone=True):
+    return [sys.executable, '-m', 'torch.distributed.run', *(['--standalone'] if standalone else []),
+            f'--nproc_per_node={nproc}', *launcher_args, '-m', 'cifar_ddp_tut.train', *map(str, args)]
+
+
+def _env(extra_env):
+    return {**os.environ, 'OMP_NUM_THREADS': '1', **(extra_env or {})}
+
+
 def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=()):
     "Run `torchrun --standalone --nproc_per_node=nproc -m cifar_ddp_tut.train *args`; (CompletedProcess, seconds)."
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', *launcher_args,
-           '-m', 'cifar_ddp_tut.train', *map(str, args)]
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', **(extra_env or {})}
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    p = subprocess.run(_torchrun_cmd(nproc, args, launcher_args), capture_output=True, text=True, timeout=timeout,
+                       env=_env(extra_env), cwd=ROOT)
     return p, time.monotonic() - t0
 
 
@@ -22,26 +30,18 @@ def read_metrics(save_dir):
 
 def start_torchrun(nproc, *args, log_dir, launcher_args=(), extra_env=None, standalone=True):
     "Start torchrun in the background (its own process group); stdout/stderr go to files in `log_dir`."
-    cmd = [sys.executable, '-m', 'torch.distributed.run', *(['--standalone'] if standalone else []),
-           f'--nproc_per_node={nproc}', *launcher_args, '-m', 'cifar_ddp_tut.train', *map(str, args)]
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', **(extra_env or {})}
     log_dir = Path(log_dir); log_dir.mkdir(parents=True, exist_ok=True)
     n = len(list(log_dir.glob('*.out')))
     out, err = open(log_dir/f'{n}.out', 'w'), open(log_dir/f'{n}.err', 'w')
-    p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT, start_new_session=True)
+    p = subprocess.Popen(_torchrun_cmd(nproc, args, launcher_args, standalone), stdout=out, stderr=err, env=_env(extra_env),
+                         cwd=ROOT, start_new_session=True)
     p.out_path, p.err_path = log_dir/f'{n}.out', log_dir/f'{n}.err'
     return p
 
 
 def children(pid):
     "Pids of the direct children of `pid` (from /proc)."
-    kids = []
-    for d in Path('/proc').iterdir():
-        if not d.name.isdigit(): continue
-        try: stat = (d/'stat').read_text()
-        except OSError: continue
-        if int(stat.rsplit(')', 1)[1].split()[1]) == pid: kids.append(int(d.name))
-    return sorted(kids)
+    return sorted(_child_pids().get(pid, []))
 
 
 def wait_for(cond, timeout, what, poll=0.2):
@@ -53,21 +53,18 @@ def wait_for(cond, timeout, what, poll=0.2):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def snapshot_epochs(save_dir):
-    "Epochs recorded in save_dir/snapshot.pt (0 when absent or unreadable)."
+def snapshot_value(save_dir, key='epochs_run'):
+    "`key` of save_dir/snapshot.pt (0 when the file is absent or unreadable)."
     import torch
     p = Path(save_dir)/'snapshot.pt'
     if not p.exists(): return 0
-    try: return torch.load(p, map_location='cpu', weights_only=True)['epochs_run']
+    try: return torch.load(p, map_location='cpu', weights_only=True)[key]
     except Exception: return 0
 
 
 def kill_tree(pid, sig=9):
     "Send `sig` to `pid` and all its descendants (torchrun's workers live in sessions of their own)."
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop(); seen.append(p); todo += children(p)
-    for p in seen:
+    for p in [pid, *_descendants(pid)]:
         try: os.kill(p, sig)
         except ProcessLookupError: pass
 

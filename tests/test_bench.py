@@ -1,6 +1,5 @@
 "The benchmark command end to end on CPU, the fast config file, and the accuracy check: the fast recipe learns as well as the original."
 import json, os, subprocess, sys, time
-from pathlib import Path
 import pytest
 from _util import QUICKSTART, ROOT, read_metrics, torchrun
 from cifar_ddp_tut.bench import RECIPES, bench_config

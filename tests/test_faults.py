@@ -2,8 +2,8 @@
 and two torchrun 'nodes' on one machine."""
 import os, signal, subprocess, sys, time
 import pytest
-from _util import (QUICKSTART, ROOT, read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
-                   snapshot_epochs, world_pids, same_history)
+from _util import (QUICKSTART, read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
+                   snapshot_value, world_pids, same_history)
 from cifar_ddp_tut.dist import free_port
 
 EPOCHS = 4
@@ -26,13 +26,13 @@ def reference(tmp_path_factory):
 def test_resume_after_kill_matches_uninterrupted(tmp_path, reference):
     args = small(tmp_path/'run', tmp_path/'data')
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
-    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
     kill_tree(p.pid); p.wait(30)
     done = len(read_metrics(tmp_path/'run'))
     assert 1 <= done < EPOCHS, f"killed after {done} epochs: the run was too fast to interrupt"
     p2, _ = torchrun(2, *args)
     assert p2.returncode == 0, p2.stderr[-3000:]
-    assert 'resuming from' in p2.stdout and f'{snapshot_epochs(tmp_path/"run")} of {EPOCHS} epochs done' not in p2.stdout.split('resuming')[0]
+    assert 'resuming from' in p2.stdout and f'{snapshot_value(tmp_path/"run")} of {EPOCHS} epochs done' not in p2.stdout.split('resuming')[0]
     same_history(read_metrics(tmp_path/'run'), reference)
     # --resume false starts over and ignores the snapshot
     p3, _ = torchrun(2, *args, '--resume', 'false', '--epoch', '1')
@@ -44,13 +44,7 @@ def test_mid_epoch_snapshots_resume(tmp_path):
     "snapshot_every=K writes snapshots inside the epoch; a resumed run picks up at the recorded batch."
     args = small(tmp_path/'run', tmp_path/'data', '--snapshot_every', '3', '--epoch', '2')
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
-    import torch
-    def mid_epoch():
-        f = tmp_path/'run'/'snapshot.pt'
-        if not f.exists(): return p.poll() is not None
-        try: return torch.load(f, weights_only=True)['batches_done'] > 0
-        except Exception: return False
-    wait_for(mid_epoch, 300, 'a mid-epoch snapshot')
+    wait_for(lambda: snapshot_value(tmp_path/'run', 'batches_done') > 0 or p.poll() is not None, 300, 'a mid-epoch snapshot')
     kill_tree(p.pid); p.wait(30)
     p2, _ = torchrun(2, *args)
     assert p2.returncode == 0, p2.stderr[-3000:]
@@ -62,7 +56,7 @@ def test_mid_epoch_snapshots_resume(tmp_path):
 def test_elastic_restart_after_sigkill(tmp_path, reference):
     "torchrun --max-restarts=1: one worker SIGKILLed mid-epoch; the group restarts, resumes and finishes."
     p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data'), log_dir=tmp_path/'logs', launcher_args=['--max-restarts=1'])
-    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
     time.sleep(0.5)  # into the next epoch
     workers = children(p.pid)
     assert len(workers) == 2, workers
@@ -79,10 +73,9 @@ def test_elastic_restart_after_sigkill(tmp_path, reference):
 def test_peer_that_stops_answering_fails_within_timeout(tmp_path):
     "A rank frozen with SIGSTOP: the other rank's collective times out after timeout_s and it exits with a message."
     p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data', '--epoch', '30', '--timeout_s', '5'), log_dir=tmp_path/'logs')
-    wait_for(lambda: snapshot_epochs(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
     pids = world_pids(p.out_path.read_text())
     os.kill(pids[1], signal.SIGSTOP)
-    t0 = time.monotonic()
     try:
         secs = wait_for(lambda: 'did not answer within timeout_s' in p.err_path.read_text(), 90, "rank 0's timeout message")
     finally:

@@ -1,7 +1,6 @@
 "The foundation, end to end: the quickstart under torchrun on 2 gloo processes, and a plain single process."
 import subprocess, sys
 from pathlib import Path
-import torch
 from _util import QUICKSTART, ROOT, read_metrics, torchrun
 from cifar_ddp_tut.checkpoint import load_checkpoint, load_model_state
 from cifar_ddp_tut.config import load_config
