@@ -264,7 +264,7 @@ def main(argv=None):
     except _EXPECTED as e:
         _report(e, rank, ws); code = 2 if isinstance(e, ConfigError) else 1
     except (RuntimeError, TimeoutError) as e:
-        if not any(w in str(e) for w in ('Timed out', 'timed out', 'Timeout', 'Connection closed', 'Connection reset', 'closed by peer')): raise
+        if not any(w in str(e).lower() for w in ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer')): raise
         print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer within timeout_s "
               f"({str(e).splitlines()[0][:160]}); see the first failing rank's message", file=sys.stderr, flush=True)
         code = 1
