@@ -37,12 +37,17 @@ def strip_prefixes(sd:dict) -> dict:
     return {clean(k): v for k, v in sd.items()}
 
 # %% ../nbs/05_checkpoint.ipynb #16709ddf
+def _umask() -> int:
+    "This process's umask (reading it means setting it: set it straight back)."
+    m = os.umask(0o022); os.umask(m); return m
+
 def write_atomic(path, write):
     "Call `write(f)` on a binary temporary file beside `path`, then rename it: `path` is always the old file or the complete new one."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode any other write would
         with os.fdopen(fd, 'wb') as f:
             write(f); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -101,7 +106,7 @@ def set_rng_state(st:dict):
     v, internal, g = st['python']
     random.setstate((v, tuple(internal), g))
     kind, keys, pos, has_gauss, cached = st['numpy']
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(st['torch'].cpu())
     if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state(st['cuda'].cpu())
 

@@ -4,24 +4,25 @@
 
 # %% ../nbs/00_config.ipynb #94181c2b
 from __future__ import annotations
-import argparse, dataclasses, difflib
+import argparse, dataclasses, difflib, math, tempfile
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
 from typing import Any
 import yaml
 
 # %% auto #0
-__all__ = ['ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'parse_cli', 'config_dict']
+__all__ = ['OUTPUTS', 'ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'PathError', 'check_paths', 'parse_cli',
+           'config_dict']
 
 # %% ../nbs/00_config.ipynb #52b5dc81
 class ConfigError(ValueError):
     "A mistake in a config file or on the command line; the message names the key, the value and the fix."
 
 # %% ../nbs/00_config.ipynb #4aa2f608
-def _f(default, doc, choices=None, min=None):
-    "A dataclass field carrying its doc, its allowed values and its lower bound."
+def _f(default, doc, choices=None, min=None, max=None):
+    "A dataclass field carrying its doc, its allowed values and its bounds."
     kw = dict(default_factory=lambda: list(default)) if isinstance(default, list) else dict(default=default)
-    return field(**kw, metadata=dict(doc=doc, choices=choices, min=min))
+    return field(**kw, metadata=dict(doc=doc, choices=choices, min=min, max=max))
 
 @dataclass
 class Config:
@@ -65,10 +66,11 @@ class Config:
     fused_optimizer: bool = _f(False, "fused SGD kernel (CUDA only)")
     ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MB", min=1)
     ddp_static_graph: bool = _f(False, "tell DDP the graph never changes (enables extra optimisations)")
+    cudnn_benchmark: bool = _f(True, "let cuDNN time its convolution algorithms once for the fixed shapes (CUDA only)")
     # --- running
     backend: str = _f("auto", "process-group backend: auto (nccl with CUDA, else gloo), nccl or gloo",
                       choices=["auto", "nccl", "gloo"])
-    timeout_s: float = _f(300.0, "seconds a collective may wait for a peer before the run fails", min=1)
+    timeout_s: float = _f(300.0, "seconds a collective may wait for a peer before the run fails", min=1, max=1e7)
     resume: bool = _f(True, "resume from save_dir/snapshot.pt when it exists")
     snapshot_every: int = _f(0, "also write a snapshot every this many steps (0: at each epoch end only)", min=0)
     eval_only: bool = _f(False, "only evaluate the model in `checkpoint` on the test set, write eval.json, exit")
@@ -88,14 +90,20 @@ def _check_value(key, value, f):
         except ValueError: pass
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if not ok:
+        d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        ex = d if isinstance(d, list) else repr(d)  # a list is written as YAML writes it: [0, 1]
         raise ConfigError(f"{key}={value!r} has type {type(value).__name__}, expected {want.__name__}"
-                          f" (for example {key}: {f.default if f.default is not dataclasses.MISSING else '[0]'!r})")
+                          f" (for example {key}: {ex})")
     md = f.metadata
+    if want is float and not math.isfinite(value):  # nan passes every comparison; inf overflows timeouts
+        raise ConfigError(f"{key}={value!r} is not a finite number; give a number such as {f.default!r}")
     if md.get('choices') and value not in md['choices']:
         raise ConfigError(f"{key}={value!r} is not one of {md['choices']}; pick one of them")
     if md.get('min') is not None and value < md['min']:
         bound = "a positive number" if md['min'] > 0 else f"at least {md['min']}"
         raise ConfigError(f"{key}={value!r} is too small; it must be {bound}")
+    if md.get('max') is not None and value > md['max']:
+        raise ConfigError(f"{key}={value!r} is too large; it must be at most {md['max']:g}")
     return value
 
 _ALIASES = {'learning_rate': 'lr', 'epochs': 'epoch', 'num_epochs': 'epoch', 'batchsize': 'batch_size', 'bs': 'batch_size',
@@ -142,6 +150,9 @@ def load_config(path=None, overrides:dict|None=None) -> Config:
     if cfg.resize_size < cfg.image_size:
         raise ConfigError(f"resize_size={cfg.resize_size} is smaller than image_size={cfg.image_size}; "
                           f"set resize_size >= image_size (the original used 256 and 224)")
+    if cfg.ddp_static_graph and cfg.accumulate_steps > 1:  # PyTorch issue 143580: an internal assert in no_sync()
+        raise ConfigError(f"ddp_static_graph=true cannot be combined with accumulate_steps={cfg.accumulate_steps}: "
+                          f"DDP's static graph fails inside no_sync(); set ddp_static_graph: false (or accumulate_steps: 1)")
     if cfg.eval_only and not cfg.checkpoint:
         raise ConfigError("eval_only=true needs checkpoint=PATH; pass --checkpoint save_dir/best.pt")
     return cfg
@@ -156,6 +167,41 @@ def per_rank_batch_size(cfg:Config, world_size:int) -> int:
         raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by {what}; use a multiple of {per_step}"
                           f" such as {lo or hi} or {hi}")
     return cfg.batch_size // per_step
+
+# %% ../nbs/00_config.ipynb #a1da910c
+class PathError(ConfigError):
+    "A path in the config cannot be used; may differ between nodes (each node's local rank 0 reports it)."
+
+OUTPUTS = ('metrics.jsonl', 'snapshot.pt', 'best.pt', 'curves.png', 'eval.json')  # what a run writes into save_dir
+
+def _nearest_existing(p:Path) -> Path:
+    while not p.exists() and p != p.parent: p = p.parent
+    return p
+
+def _check_dir(key:str, path:str, write:bool):
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise PathError(f"{key}={path!r} is a file, not a folder; point {key} at a folder (it is created if missing)")
+    base = _nearest_existing(p)
+    if not base.is_dir():
+        raise PathError(f"{key}={path!r} cannot be created because {str(base)!r} is a file; choose another {key}")
+    if not write: return
+    try: tempfile.TemporaryFile(dir=base).close()  # the real test: works for root and read-only mounts alike
+    except OSError as e:
+        raise PathError(f"{key}={path!r} is not writable: no file can be created in {str(base)!r} ({e.strerror}); "
+                        f"choose a folder you can write to") from None
+
+def check_paths(cfg:Config):
+    "Raise `PathError` if any path the run reads or writes cannot be used; creates and changes nothing."
+    _check_dir('save_dir', cfg.save_dir, write=True)
+    for name in OUTPUTS:
+        f = Path(cfg.save_dir)/name
+        if f.exists() and not f.is_file():
+            raise PathError(f"save_dir={cfg.save_dir!r} holds a folder named {name}, where the run writes a file; "
+                            f"remove or rename {str(f)!r}, or choose another save_dir")
+    _check_dir('data_dir', cfg.data_dir, write=False)
+    if cfg.eval_only and not Path(cfg.checkpoint).is_file():
+        raise PathError(f"checkpoint={cfg.checkpoint!r} does not exist; pass the path of a best.pt or snapshot.pt")
 
 # %% ../nbs/00_config.ipynb #f2e06aa4
 def _parser(prog=None):

@@ -19,8 +19,8 @@ from .checkpoint import write_atomic
 
 # %% auto #0
 __all__ = ['CLASSES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'DataError', 'synthetic_images', 'write_synthetic_cifar10',
-           'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'build_loaders',
-           'augment_batch', 'DeviceLoader']
+           'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'build_eval_loader',
+           'build_loaders', 'augment_batch', 'DeviceLoader']
 
 # %% ../nbs/02_data.ipynb #c89bc2ba
 class DataError(RuntimeError):
@@ -89,7 +89,8 @@ def _load_cifar10(cfg:Config, train:bool, transform):
     root = Path(cfg.data_dir)
     try: return torchvision.datasets.CIFAR10(root, train=train, transform=transform, download=cfg.download)
     except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
-        if cfg.download: raise DataError(f"CIFAR-10 in data_dir={str(root)!r} is corrupt ({e}); delete {root/_BASE} and run again") from None
+        if cfg.download: raise DataError(f"CIFAR-10 in data_dir={str(root)!r} is corrupt (its MD5 check failed); "
+                                         f"delete {root/_BASE} and run again to download it afresh") from None
         raise DataError(f"CIFAR-10 is not in data_dir={str(root)!r} and download is false; set download: true, or {_OFFLINE_HELP}") from None
     except OSError as e:  # URLError and socket errors are OSErrors
         raise DataError(f"CIFAR-10 is not in data_dir={str(root)!r} and could not be downloaded ({e}); {_OFFLINE_HELP}") from None
@@ -102,9 +103,14 @@ def _load_synthetic(cfg:Config, train:bool, transform):
         if (root/_BASE).exists() and not mf.exists():
             raise DataError(f"data_dir={str(root)!r} holds a {_BASE} folder that is not a synthetic set; "
                             f"point data_dir at another folder for dataset: synthetic")
-        write_synthetic_cifar10(root, cfg.synthetic_train_size, cfg.synthetic_test_size, cfg.seed)
+        try: write_synthetic_cifar10(root, cfg.synthetic_train_size, cfg.synthetic_test_size, cfg.seed)
+        except OSError as e:
+            raise DataError(f"cannot write the synthetic data set into data_dir={str(root)!r} ({e.strerror}); "
+                            f"choose a data_dir you can write to") from None
     try: return SyntheticCIFAR10(root, train=train, transform=transform)
-    except RuntimeError as e: raise DataError(f"synthetic data in {str(root)!r} is corrupt ({e}); delete {root/_BASE} and run again") from None
+    except RuntimeError:  # torchvision's MD5 check; its "use download=True" hint means nothing for generated data
+        raise DataError(f"synthetic data in {str(root)!r} is corrupt (its MD5 check failed); "
+                        f"delete {root/_BASE} and run again: it is generated afresh") from None
 
 def get_datasets(cfg:Config, env:DistEnv, train_tfm=None, test_tfm=None):
     "(train, test) CIFAR-10 data sets, downloaded or written by one process per machine."
@@ -135,6 +141,15 @@ class ShardSampler(Sampler):
     def __len__(self): return len(range(self.rank, self.n, self.num_replicas))
 
 # %% ../nbs/02_data.ipynb #0db3bfb3
+def _loader_kw(cfg:Config, env:DistEnv) -> dict:
+    return dict(num_workers=cfg.num_workers, pin_memory=env.device.type == 'cuda', persistent_workers=cfg.num_workers > 0)
+
+def build_eval_loader(cfg:Config, env:DistEnv, test_ds, bs:int):
+    "This rank's exact evaluation loader (ShardSampler: every image once, no padding), `bs` images a batch."
+    sampler = ShardSampler(len(test_ds), env.world_size, env.rank)
+    if cfg.device_data: return DeviceLoader(test_ds, sampler, bs, cfg, env.device, train=False)
+    return DataLoader(test_ds, batch_size=bs, sampler=sampler, drop_last=False, **_loader_kw(cfg, env))
+
 def build_loaders(cfg:Config, env:DistEnv, train_ds, test_ds):
     "Training loader (DistributedSampler, drop_last) and exact evaluation loader (ShardSampler) for this rank."
     bs = per_rank_batch_size(cfg, env.world_size)
@@ -142,13 +157,9 @@ def build_loaders(cfg:Config, env:DistEnv, train_ds, test_ds):
         raise ConfigError(f"batch_size={cfg.batch_size} is larger than the {len(train_ds)} training images; lower batch_size")
     train_sampler = DistributedSampler(train_ds, num_replicas=env.world_size, rank=env.rank, shuffle=True,
                                        seed=cfg.seed, drop_last=True)
-    test_sampler = ShardSampler(len(test_ds), env.world_size, env.rank)
-    kw = dict(num_workers=cfg.num_workers, pin_memory=env.device.type == 'cuda', persistent_workers=cfg.num_workers > 0)
-    if cfg.device_data:
-        return (DeviceLoader(train_ds, train_sampler, bs, cfg, env.device, train=True),
-                DeviceLoader(test_ds, test_sampler, bs, cfg, env.device, train=False))
-    return (DataLoader(train_ds, batch_size=bs, sampler=train_sampler, drop_last=True, **kw),
-            DataLoader(test_ds, batch_size=bs, sampler=test_sampler, drop_last=False, **kw))
+    train = (DeviceLoader(train_ds, train_sampler, bs, cfg, env.device, train=True) if cfg.device_data else
+             DataLoader(train_ds, batch_size=bs, sampler=train_sampler, drop_last=True, **_loader_kw(cfg, env)))
+    return train, build_eval_loader(cfg, env, test_ds, bs)
 
 # %% ../nbs/02_data.ipynb #f6b4687b
 def _as_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:

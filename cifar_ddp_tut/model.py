@@ -14,7 +14,7 @@ from .config import Config, ConfigError
 from .dist import DistEnv
 
 # %% auto #0
-__all__ = ['ModelError', 'build_model', 'prepare_model', 'no_sync', 'build_optimizer', 'build_scheduler']
+__all__ = ['ModelError', 'build_model', 'prepare_model', 'no_sync', 'min_batchnorm_values', 'build_optimizer', 'build_scheduler']
 
 # %% ../nbs/04_model.ipynb #1fc903bc
 class ModelError(RuntimeError):
@@ -72,6 +72,22 @@ def no_sync(model:nn.Module, skip:bool):
     "DDP's `no_sync()` (skip the gradient all-reduce for this backward) when `skip` and the model is DDP."
     inner = getattr(model, '_orig_mod', model)  # a compiled DDP model
     return inner.no_sync() if skip and isinstance(inner, DDP) else contextlib.nullcontext()
+
+# %% ../nbs/04_model.ipynb #5c89f24b
+@torch.no_grad()
+def min_batchnorm_values(model:nn.Module, image_size:int) -> int|None:
+    "Fewest values per channel any BatchNorm layer sees for ONE image of `image_size` px (None: no BatchNorm)."
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns: return None
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, a: seen.append(a[0].numel() // a[0].shape[1])) for m in bns]
+    was = model.training
+    model.eval()  # eval mode: running statistics are read, not updated
+    try: model(torch.zeros(1, 3, image_size, image_size, device=next(model.parameters()).device))
+    finally:
+        for h in hooks: h.remove()
+        model.train(was)
+    return min(seen)
 
 # %% ../nbs/04_model.ipynb #25cbee3e
 def build_optimizer(model:nn.Module, cfg:Config, env:DistEnv):

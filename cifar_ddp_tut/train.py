@@ -4,21 +4,24 @@
 
 # %% ../nbs/06_train.ipynb #56b9f9b4
 from __future__ import annotations
-import json, os, resource, sys, time
+import dataclasses, json, math, os, resource, signal, sys, time
 from pathlib import Path
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from .config import Config, ConfigError, config_dict, parse_cli, per_rank_batch_size
+from .config import Config, ConfigError, PathError, config_dict, parse_cli, per_rank_batch_size, check_paths
 from .dist import DistEnv, DistError, PeerFailed, setup, teardown, seed_everything, autocast, in_order, describe_world
-from .data import DataError, get_datasets, build_loaders, train_transform, test_transform
+from .data import DataError, get_datasets, build_loaders, build_eval_loader, train_transform, test_transform
 from .metrics import SumMetric, evaluate
-from .model import ModelError, build_model, prepare_model, build_optimizer, build_scheduler, no_sync
+from .model import (ModelError, build_model, prepare_model, build_optimizer, build_scheduler, no_sync,
+                                 min_batchnorm_values)
 from .checkpoint import (CheckpointError, save_atomic, write_atomic, load_checkpoint, load_model_state, unwrap,
                                       gather_rng_states, set_rng_state)
 
 # %% auto #0
-__all__ = ['peak_memory_gb', 'plot_history', 'micro_batches_per_epoch', 'Trainer', 'build_trainer', 'run', 'run_eval', 'main']
+__all__ = ['peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'micro_batches_per_epoch', 'Trainer',
+           'set_kernel_flags', 'build_trainer', 'run', 'run_eval', 'main']
 
 # %% ../nbs/06_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
@@ -44,6 +47,12 @@ def plot_history(history:list, lrs:list, path=None, title:str=''):
     return fig
 
 # %% ../nbs/06_train.ipynb #44ea3c0e
+class TrainingDiverged(RuntimeError):
+    "The loss stopped being a finite number; nothing was written after the last good epoch."
+
+class OutputError(RuntimeError):
+    "A file in save_dir could not be written; the previous file of that name is kept."
+
 def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
     "Micro-batches trained per epoch out of the loader's `n_batches`: capped by max_steps_per_epoch, whole optimizer steps only."
     k = cfg.accumulate_steps
@@ -61,6 +70,8 @@ class Trainer:
         self.epochs_run, self.step, self.batches_done = 0, 0, 0
         self.history, self.lrs, self.best_acc, self.seconds = [], [], -1.0, 0.0
         self.steps_per_epoch = micro_batches_per_epoch(len(train_loader), cfg)
+        self.nonfinite = torch.zeros((), device=env.device)  # micro-batches whose loss was nan or inf, since the last check
+        self.checked_step = 0  # the optimizer step of the last finiteness check
 
     def _run_batch(self, x, y, sync:bool):
         "Forward and backward for one micro-batch; gradients are all-reduced only when `sync`."
@@ -69,6 +80,7 @@ class Trainer:
                 logits = self.model(x)
                 loss = F.cross_entropy(logits.float(), y)
             self.scaler.scale(loss / self.cfg.accumulate_steps).backward()
+        self.nonfinite += ~torch.isfinite(loss.detach())  # on the device: no host sync
         return loss.detach() * y.shape[0], logits.detach()
 
     def _optimizer_step(self):
@@ -76,6 +88,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.lrs.append(self.optimizer.param_groups[0]['lr'])
         self.scheduler.step(); self.step += 1
+
+    def check_finite(self, epoch:int):
+        "All ranks decide together: raise `TrainingDiverged` on every rank if any rank saw a nan/inf loss."
+        bad = self.nonfinite.clone()
+        if dist.is_initialized(): dist.all_reduce(bad)  # one rank skipping alone would leave the others hanging
+        if bad.item():
+            amp = "; with amp: fp16 try amp: bf16" if self.cfg.amp == 'fp16' else ""
+            raise TrainingDiverged(
+                f"the training loss became nan or inf in epoch {epoch + 1}, between optimizer steps {self.checked_step} "
+                f"and {self.step}; the run stopped before writing anything more (save_dir's snapshot.pt and best.pt are "
+                f"from the last good epoch); lower lr (now {self.cfg.lr:g}) or raise warmup_steps{amp}")
+        self.checked_step = self.step
 
     def _train_mode(self):
         self.model.train()
@@ -90,42 +114,62 @@ class Trainer:
         skip = self.batches_done  # > 0 only when resuming a mid-epoch snapshot
         bar = tqdm(total=self.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{self.cfg.epoch}",
                    disable=not self.env.is_main, mininterval=1.0 if sys.stderr.isatty() else 10.0, dynamic_ncols=True)
-        for i, (x, y) in enumerate(self.train_loader):
-            if i >= self.steps_per_epoch: break
-            if i < skip: continue
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            if self.cfg.channels_last: x = x.contiguous(memory_format=torch.channels_last)
-            sync = (i + 1) % k == 0
-            loss_sum, logits = self._run_batch(x, y, sync)
-            meter.update(loss_sum, logits, y)
-            if sync:
-                self._optimizer_step()
-                self.batches_done = i + 1
-                if self.cfg.snapshot_every and self.step % self.cfg.snapshot_every == 0 and self.batches_done < self.steps_per_epoch:
-                    self._save_snapshot(epoch_done=False, epoch=epoch)
-            bar.update(1)
-            if self.env.is_main and (i + 1) % self.cfg.log_every == 0:
-                bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}", lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
-        bar.close()
+        try:
+            for i, (x, y) in enumerate(self.train_loader):
+                if i >= self.steps_per_epoch: break
+                if i < skip: continue
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                if self.cfg.channels_last: x = x.contiguous(memory_format=torch.channels_last)
+                sync = (i + 1) % k == 0
+                loss_sum, logits = self._run_batch(x, y, sync)
+                meter.update(loss_sum, logits, y)
+                if sync:
+                    self._optimizer_step()
+                    self.batches_done = i + 1
+                    if self.step % self.cfg.log_every == 0: self.check_finite(epoch)  # every rank, at the same step
+                    if self.cfg.snapshot_every and self.step % self.cfg.snapshot_every == 0 and self.batches_done < self.steps_per_epoch:
+                        self.check_finite(epoch)
+                        self.save_snapshot(epoch_done=False, epoch=epoch)
+                bar.update(1)
+                if self.env.is_main and (i + 1) % self.cfg.log_every == 0:
+                    bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}", lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
+        finally: bar.close()  # also when check_finite raises: the error line starts a line of its own
+        self.check_finite(epoch)
         self.batches_done = 0
         return meter.reduce()
 
+    def sync_buffers(self):
+        "Give every rank rank 0's buffers (BatchNorm running statistics), which each rank's forward updated on its own."
+        if not dist.is_initialized(): return
+        for b in self.bare.buffers(): dist.broadcast(b, src=0)
+
     def evaluate(self) -> dict:
-        "Exact loss and accuracy on the whole test set (the bare model: no collective inside the loop)."
+        "Exact loss and accuracy on the whole test set, of the model rank 0 saves (same buffers on every rank)."
+        self.sync_buffers()
         return evaluate(self.bare, self.test_loader, self.env.device, self.cfg.amp, self.cfg.channels_last)
 
-    def _save_snapshot(self, epoch_done:bool, epoch:int):
+    def _write(self, name:str, write):
+        "Rank 0 writes save_dir/name atomically; an OSError (disk full, permissions) becomes one OutputError."
+        try: write_atomic(self.save_dir/name, write)
+        except OSError as e:
+            raise OutputError(f"could not write {str(self.save_dir/name)!r} ({e.strerror or e}); the previous {name} and "
+                              f"snapshot.pt are kept; free space or fix the permissions of save_dir, then run the same "
+                              f"command again to resume") from None
+
+    def save_snapshot(self, epoch_done:bool, epoch:int):
+        "Everything needed to carry on (model, optimizer, schedule, step, history, every rank's RNG), written by rank 0."
         rng = gather_rng_states()  # every rank takes part, rank 0 writes
         if not self.env.is_main: return
-        save_atomic(dict(model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
-                         scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(),
-                         epochs_run=epoch + 1 if epoch_done else epoch, batches_done=0 if epoch_done else self.batches_done,
-                         step=self.step, history=self.history, lrs=self.lrs, best_acc=self.best_acc, seconds=self.seconds,
-                         world_size=self.env.world_size, rng=rng, config=config_dict(self.cfg)),
-                    self.save_dir/'snapshot.pt')
+        ck = dict(model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
+                  scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(),
+                  epochs_run=epoch + 1 if epoch_done else epoch, batches_done=0 if epoch_done else self.batches_done,
+                  step=self.step, history=self.history, lrs=self.lrs, best_acc=self.best_acc, seconds=self.seconds,
+                  world_size=self.env.world_size, rng=rng, config=config_dict(self.cfg))
+        self._write('snapshot.pt', lambda f: torch.save(ck, f))
 
-    def _load_snapshot(self, path):
-        ck = load_checkpoint(path, map_location=self.env.device)
+    def load_snapshot(self, path) -> int:
+        "Resume from snapshot `path`; returns the world size it was saved with."
+        ck = load_checkpoint(path, map_location='cpu')  # RNG states must stay CPU tensors; load_state_dict moves the rest
         load_model_state(self.model, ck, path)
         try:
             self.optimizer.load_state_dict(ck['optimizer']); self.scheduler.load_state_dict(ck['scheduler'])
@@ -135,13 +179,10 @@ class Trainer:
         except (KeyError, ValueError, TypeError) as e:
             raise CheckpointError(f"snapshot {str(path)!r} is incomplete or from another version ({type(e).__name__}: {e}); "
                                   f"start fresh with --resume false, or delete it") from None
+        self.checked_step = self.step
         if ck['world_size'] == self.env.world_size: set_rng_state(ck['rng'][self.env.rank])
         else: seed_everything(self.cfg.seed + self.env.rank + 1000 * self.epochs_run)
         return ck['world_size']
-
-    def _write_metrics(self):
-        text = ''.join(json.dumps(h) + '\n' for h in self.history)
-        write_atomic(self.save_dir/'metrics.jsonl', lambda f: f.write(text.encode()))  # the whole history: a resumed run never duplicates lines
 
     def fit(self):
         "Train from `epochs_run` to `cfg.epoch`, evaluating, logging and snapshotting every epoch."
@@ -161,25 +202,26 @@ class Trainer:
             improved = val['acc'] > self.best_acc
             if improved: self.best_acc = val['acc']
             if env.is_main:
-                self.save_dir.mkdir(parents=True, exist_ok=True)
-                self._write_metrics()
-                if improved: save_atomic(dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val['acc'],
-                                              config=config_dict(cfg)), self.save_dir/'best.pt')
+                text = ''.join(json.dumps(h) + '\n' for h in self.history)  # the whole history: a resume never duplicates lines
+                self._write('metrics.jsonl', lambda f: f.write(text.encode()))
+                if improved:
+                    best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val['acc'], config=config_dict(cfg))
+                    self._write('best.pt', lambda f: torch.save(best, f))
                 print(f"epoch {epoch + 1}/{cfg.epoch}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
                       f"val loss {val['loss']:.4f} acc {val['acc']:.4f} ({val['count']} images) | "
                       f"{secs:.1f} s, {row['images_per_s']:.0f} train img/s, peak mem {peak:.2f} GB", flush=True)
-            self._save_snapshot(epoch_done=True, epoch=epoch)
+            self.save_snapshot(epoch_done=True, epoch=epoch)
             self.epochs_run = epoch + 1
         return self.history
 
     def replicas_in_sync(self) -> float:
-        "Largest difference between any rank's parameters and rank 0's (0.0 when DDP did its job)."
-        flat = torch.cat([p.detach().double().flatten() for p in self.bare.parameters()])
-        if not torch.distributed.is_initialized(): return 0.0
+        "Largest difference between any rank's parameters and buffers and rank 0's (0.0 when the replicas are one model)."
+        flat = torch.cat([t.detach().double().flatten() for t in (*self.bare.parameters(), *self.bare.buffers())])
+        if not dist.is_initialized(): return 0.0
         ref = flat.clone()
-        torch.distributed.broadcast(ref, src=0)
+        dist.broadcast(ref, src=0)
         diff = (flat - ref).abs().max().reshape(1)
-        torch.distributed.all_reduce(diff, op=torch.distributed.ReduceOp.MAX)
+        dist.all_reduce(diff, op=dist.ReduceOp.MAX)
         return diff.item()
 
     def plot(self):
@@ -192,11 +234,28 @@ class Trainer:
                                   f"{self.env.world_size} x {self.env.device.type}, best val acc {self.best_acc:.4f}")
 
 # %% ../nbs/06_train.ipynb #93afcd06
+def set_kernel_flags(cfg:Config, device:torch.device):
+    "cuDNN's autotuner on CUDA: training shapes are fixed, so timing the convolution algorithms once pays off."
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and device.type == 'cuda'
+
+def _check_bn_batch(model, cfg:Config, world_size:int):
+    "A per-rank batch of one image cannot train BatchNorm when a feature map is 1 x 1: say so before training."
+    per_rank = per_rank_batch_size(cfg, world_size)
+    if per_rank > 1 or cfg.freeze_bn or cfg.sync_bn: return
+    v = min_batchnorm_values(model, cfg.image_size)
+    if v is not None and v <= 1:
+        need = 2 * world_size * cfg.accumulate_steps
+        raise ConfigError(f"batch_size={cfg.batch_size} leaves 1 image per rank and micro-step, and a BatchNorm layer of "
+                          f"{cfg.model} at image_size={cfg.image_size} then sees 1 value per channel, too few to train; "
+                          f"use batch_size >= {need}, or freeze_bn: true (or sync_bn: true on GPUs)")
+
 def build_trainer(cfg:Config, env:DistEnv) -> Trainer:
     "Data, model, optimizer and schedule for this rank, wrapped in a Trainer."
     per_rank_batch_size(cfg, env.world_size)  # fail before anything else if the batch does not divide
+    set_kernel_flags(cfg, env.device)
     seed_everything(cfg.seed)  # identical initial weights (DDP would broadcast rank 0's anyway)
     model = in_order(lambda: build_model(cfg), env, 'loading the model weights')
+    _check_bn_batch(model, cfg, env.world_size)
     train_ds, test_ds = get_datasets(cfg, env, None if cfg.device_data else train_transform(cfg),
                                      None if cfg.device_data else test_transform(cfg))
     train_loader, test_loader = build_loaders(cfg, env, train_ds, test_ds)
@@ -211,11 +270,11 @@ def run(cfg:Config, env:DistEnv):
     "Train (resuming from save_dir/snapshot.pt when there is one) or, with eval_only, evaluate a checkpoint."
     world = describe_world(env)
     if env.is_main: print(f"world: {world}", flush=True)
+    if cfg.eval_only: return run_eval(cfg, env)
     trainer = build_trainer(cfg, env)
-    if cfg.eval_only: return run_eval(cfg, trainer)
     snap = Path(cfg.save_dir)/'snapshot.pt'
     if cfg.resume and snap.exists():
-        ws = trainer._load_snapshot(snap)
+        ws = trainer.load_snapshot(snap)
         if env.is_main:
             print(f"resuming from {snap}: {trainer.epochs_run} of {cfg.epoch} epochs done"
                   + (f", {trainer.batches_done} batches into the next" if trainer.batches_done else "")
@@ -229,46 +288,87 @@ def run(cfg:Config, env:DistEnv):
               + f", {trainer.steps_per_epoch // cfg.accumulate_steps} steps per epoch", flush=True)
     trainer.fit()
     drift = trainer.replicas_in_sync()
-    if env.is_main: print(f"replicas in sync: max |parameter difference| over {env.world_size} rank(s) = {drift:.3g}", flush=True)
+    if env.is_main: print(f"replicas in sync: max |parameter and buffer difference| over {env.world_size} rank(s) = {drift:.3g}", flush=True)
     if cfg.plot: trainer.plot()
     return trainer
 
-def run_eval(cfg:Config, trainer:Trainer) -> dict:
-    "Evaluate `cfg.checkpoint` over all ranks; rank 0 writes save_dir/eval.json."
-    ck = load_checkpoint(cfg.checkpoint, map_location=trainer.env.device)
-    load_model_state(trainer.bare, ck, cfg.checkpoint)
-    res = trainer.evaluate()
-    res.update(checkpoint=str(cfg.checkpoint), world_size=trainer.env.world_size)
-    if trainer.env.is_main:
-        write_atomic(Path(cfg.save_dir)/'eval.json', lambda f: f.write((json.dumps(res, indent=1) + '\n').encode()))
+def run_eval(cfg:Config, env:DistEnv) -> dict:
+    "Evaluate `cfg.checkpoint` over all ranks, for any world size; rank 0 writes save_dir/eval.json."
+    set_kernel_flags(cfg, env.device)
+    cfg = dataclasses.replace(cfg, pretrained=False)  # the checkpoint brings the weights
+    model = build_model(cfg)
+    ck = load_checkpoint(cfg.checkpoint, map_location='cpu')
+    load_model_state(model, ck, cfg.checkpoint)
+    model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    _, test_ds = get_datasets(cfg, env, None, None if cfg.device_data else test_transform(cfg))
+    loader = build_eval_loader(cfg, env, test_ds, max(1, cfg.batch_size // env.world_size))  # no need to divide evenly
+    res = evaluate(model, loader, env.device, cfg.amp, cfg.channels_last)
+    res.update(checkpoint=str(cfg.checkpoint), world_size=env.world_size)
+    if env.is_main:
+        text = json.dumps(res, indent=1) + '\n'
+        try: write_atomic(Path(cfg.save_dir)/'eval.json', lambda f: f.write(text.encode()))
+        except OSError as e: raise OutputError(f"could not write {str(Path(cfg.save_dir)/'eval.json')!r} ({e.strerror or e}); "
+                                               f"choose a save_dir you can write to") from None
         print(f"eval {cfg.checkpoint}: {res['count']} images, {res['correct']} correct, acc {res['acc']:.4f}, loss {res['loss']:.4f}", flush=True)
     return res
 
 # %% ../nbs/06_train.ipynb #069bf4a8
-_EXPECTED = (ConfigError, DataError, ModelError, CheckpointError, DistError)
-_SAME_ON_ALL_RANKS = (ConfigError, CheckpointError)
+_EXPECTED = (ConfigError, DataError, ModelError, CheckpointError, DistError, TrainingDiverged, OutputError)
+_SAME_ON_ALL_RANKS = (ConfigError, CheckpointError, TrainingDiverged)  # every rank reaches the same verdict: rank 0 says it
+# gloo reports a dead or silent peer as a plain RuntimeError; these words identify it. NCCL, the TCP store and
+# the rendezvous raise torch's own types (torch.distributed.DistError and its subclasses), caught by type.
+_PEER_WORDS = ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer', 'connection refused')
 
-def _report(e:BaseException, rank:int, world_size:int):
+def _peer_failure(e:BaseException) -> bool:
+    "Is `e` a collective failing because another process died or stopped answering?"
+    if isinstance(e, dist.DistError): return True  # DistBackendError, DistNetworkError, DistStoreError
+    return isinstance(e, (RuntimeError, TimeoutError)) and any(w in str(e).lower() for w in _PEER_WORDS)
+
+def _report(e:BaseException, rank:int, local_rank:int, world_size:int):
     if isinstance(e, PeerFailed) and rank != 0: return  # the failing rank speaks for itself
-    if isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return
+    if isinstance(e, PathError):  # paths can differ between machines: the first process of each node speaks
+        if local_rank != 0: return
+    elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return
     who = f"[rank {rank}] " if world_size > 1 and not isinstance(e, _SAME_ON_ALL_RANKS) else ""
     print(f"cifar_ddp_train: error: {who}{e}", file=sys.stderr, flush=True)
 
+def _interrupted_note(save_dir) -> str:
+    "What a Ctrl-C leaves behind, in words."
+    snap = Path(save_dir)/'snapshot.pt'
+    try: ck = load_checkpoint(snap)
+    except CheckpointError: return "no snapshot was written yet; run the same command again to start over"
+    where = f"{ck['epochs_run']} epoch(s)" + (f" and {ck['batches_done']} batches" if ck.get('batches_done') else "")
+    return f"{snap} holds {where}; run the same command again to resume from it"
+
 def main(argv=None):
     "Command-line entry point: `torchrun ... -m cifar_ddp_tut.train --cfg FILE [--key value ...]`."
-    rank, ws = int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
+    e_ = os.environ
+    rank, local_rank, ws = int(e_.get('RANK', 0)), int(e_.get('LOCAL_RANK', 0)), int(e_.get('WORLD_SIZE', 1))
+    interrupted = []
+    def on_sigint(signum, frame):  # the first Ctrl-C interrupts; later ones (torchrun forwards it too) are only noted
+        interrupted.append(signum)
+        if len(interrupted) == 1: raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, on_sigint)
+    cfg, code = None, 0
     try:
         cfg = parse_cli(argv, prog='cifar_ddp_train')
+        check_paths(cfg)  # every path, on every rank, before any process waits on another
         env = setup(cfg.backend, cfg.timeout_s)
         run(cfg, env)
-    except _EXPECTED as e:
-        _report(e, rank, ws); code = 2 if isinstance(e, ConfigError) else 1
-    except (RuntimeError, TimeoutError) as e:
-        if not any(w in str(e).lower() for w in ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer')): raise
-        print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer within timeout_s "
-              f"({str(e).splitlines()[0][:160]}); see the first failing rank's message", file=sys.stderr, flush=True)
-        code = 1
-    else: code = 0
+    except BaseException as e:
+        if interrupted or isinstance(e, KeyboardInterrupt):  # a peer's error caused by the same Ctrl-C is not news
+            if rank == 0:
+                note = _interrupted_note(cfg.save_dir) if cfg else "nothing was started"
+                print(f"cifar_ddp_train: interrupted; {note}", file=sys.stderr, flush=True)
+            code = 130
+        elif isinstance(e, _EXPECTED):
+            _report(e, rank, local_rank, ws); code = 2 if isinstance(e, ConfigError) else 1
+        elif _peer_failure(e):
+            print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer within timeout_s "
+                  f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); see the first failing rank's message",
+                  file=sys.stderr, flush=True)
+            code = 1
+        else: raise
     finally: teardown()
     if code: sys.exit(code)
 

@@ -61,6 +61,21 @@ def _setup(case, tmp):
         torch.save({'model': {}, 'payload': Evil(tmp/'pwned')}, s/'snapshot.pt')
         return ['--cfg', QUICKSTART], env
     if case == 'sync_bn_on_cpu': return ['--cfg', QUICKSTART, '--sync_bn', 'true'], env
+    if case == 'save_dir_is_a_file':
+        (tmp/'afile').write_text('keep me\n')
+        return ['--cfg', QUICKSTART, '--save_dir', tmp/'afile', '--data_dir', tmp/'data'], env
+    if case == 'save_dir_unwritable': return ['--cfg', QUICKSTART, '--save_dir', '/proc/cifar_ddp_no_such/run', '--data_dir', tmp/'data'], env
+    if case == 'eval_json_is_a_folder':
+        _small_model_ckpt(tmp/'best.pt'); (s/'eval.json').mkdir()
+        return ['--cfg', QUICKSTART, '--eval_only', 'true', '--checkpoint', tmp/'best.pt'], env
+    if case == 'data_dir_is_a_file':
+        (tmp/'data.tar').write_bytes(b'not a folder')
+        return ['--cfg', QUICKSTART, '--save_dir', s, '--data_dir', tmp/'data.tar'], env
+    if case == 'nan_lr': return ['--cfg', QUICKSTART, '--lr', 'nan'], env
+    if case == 'inf_timeout': return ['--cfg', QUICKSTART, '--timeout_s', 'inf'], env
+    if case == 'one_image_per_rank_with_batchnorm': return ['--cfg', QUICKSTART, '--batch_size', '2'], env
+    if case == 'static_graph_with_accumulation':
+        return ['--cfg', QUICKSTART, '--ddp_static_graph', 'true', '--accumulate_steps', '2'], env
     raise ValueError(case)
 
 
@@ -87,6 +102,14 @@ CASES = {  # case: text the one error line must contain
     'other_architecture': "does not fit this model (it was saved from model='resnet34'",
     'malicious_snapshot': "was refused: it holds objects other than tensors",
     'sync_bn_on_cpu': "sync_bn=true needs CUDA GPUs",
+    'save_dir_is_a_file': "is a file, not a folder; point save_dir at a folder",
+    'save_dir_unwritable': "save_dir='/proc/cifar_ddp_no_such/run' is not writable",
+    'eval_json_is_a_folder': "holds a folder named eval.json, where the run writes a file",
+    'data_dir_is_a_file': "is a file, not a folder; point data_dir at a folder",
+    'nan_lr': "lr=nan is not a finite number",
+    'inf_timeout': "timeout_s=inf is not a finite number",
+    'one_image_per_rank_with_batchnorm': "leaves 1 image per rank and micro-step",
+    'static_graph_with_accumulation': "ddp_static_graph=true cannot be combined with accumulate_steps=2",
 }
 
 
@@ -108,6 +131,8 @@ def test_bad_input(case, tmp_path):
     assert secs < 90, f"took {secs:.0f} s"  # nobody waited on a peer until a timeout
     assert _hashes(tmp_path/'run') == before  # nothing in save_dir damaged, deleted or added
     assert not (tmp_path/'pwned').exists()
+    assert 'train loss' not in p.stdout and 'it/s]' not in p.stderr, p.stderr[-2000:]  # known up front: nothing trained
+    if case == 'save_dir_is_a_file': assert (tmp_path/'afile').read_text() == 'keep me\n'
     print(f"{case}: exit {p.returncode} in {secs:.1f} s: {errors[0]}")
 
 
