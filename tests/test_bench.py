@@ -6,7 +6,8 @@ from cifar_ddp_tut.bench import RECIPES, bench_config
 from cifar_ddp_tut.config import config_dict, load_config
 
 FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s', 'peak_mem_gb', 'ratio_to_original',
-          'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'per_rank_batch', 'global_batch', 'train_loss'}
+          'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'projected_5_epochs_all_in_s', 'per_rank_batch',
+          'global_batch', 'train_loss', 'steps', 'loader_queue', 'startup_s', 'warmup_extra_s', 'eval_extra_s', 'checkpoint_s'}
 
 
 def bench(*args, timeout=240):
@@ -32,6 +33,13 @@ def test_bench_cpu_both_recipes(tmp_path):
         assert r['global_batch'] == 16 and r['per_rank_batch'] == 16 // r['nprocs'] and r['model'] == 'resnet18'
         assert abs(r['projected_5_epochs_s'] - 5 * 50_000 / r['images_per_s']) < 1e-6
         assert r['projected_5_epochs_with_eval_s'] > r['projected_5_epochs_s']
+        # prefetching cannot flatter a DataLoader recipe: the timed steps outlast the batches queued during warm-up 20 times
+        assert r['loader_queue'] == (2 if r['recipe'] == 'original' else 0)  # 1 worker x prefetch_factor 2; the fast recipe has none
+        assert r['steps'] >= 20 * r['loader_queue'] and r['steps'] >= 3
+        # the all-in projection adds measured start-up, warm-up, evaluation and checkpoint time, and says so
+        assert r['startup_s'] > 0 and r['checkpoint_s'] > 0 and r['warmup_extra_s'] >= 0 and r['eval_extra_s'] >= 0
+        extra = r['startup_s'] + r['warmup_extra_s'] + r['eval_extra_s'] + 5 * r['checkpoint_s']
+        assert abs(r['projected_5_epochs_all_in_s'] - r['projected_5_epochs_with_eval_s'] - extra) < 1e-6
         assert r['host_syncs_per_step'] is None  # counted on CUDA only
         if r['recipe'] == 'original': assert r['ratio_to_original'] == 1.0
         else:
@@ -39,6 +47,7 @@ def test_bench_cpu_both_recipes(tmp_path):
             assert abs(r['ratio_to_original'] - r['images_per_s'] / orig['images_per_s']) < 1e-9
     assert rep['hardware']['device'] == 'cpu' and rep['hardware']['label']
     assert '| recipe | processes |' in p.stdout and f'wrote {out}' in p.stdout
+    assert 'start-up' in p.stdout and 'compilation' in p.stdout and 'snapshot + best.pt writes' in p.stdout
     print(f"bench: {secs:.1f} s\n{p.stdout}")
 
 
@@ -55,6 +64,16 @@ def test_bench_errors_are_clear(tmp_path):
     assert secs < 100
     rep = json.loads(out.read_text())  # the report is still written, with the failure in it
     assert rep['results'] == [] and 'backend=nccl needs CUDA' in rep['failures'][0]['error']
+
+
+def test_timed_steps_outlast_the_loader_queue():
+    "A loader-bound recipe is timed over at least 20 steps per batch its DataLoader can queue during warm-up."
+    from cifar_ddp_tut.bench import loader_queue, timed_steps, STEPS
+    orig, fast = bench_config('original', 'full', warmup=10, steps=50), bench_config('fast', 'full', warmup=10, steps=50)
+    assert loader_queue(orig) == 4 * 2 and loader_queue(fast) == 0  # 4 workers x prefetch_factor 2; device data queues nothing
+    assert timed_steps(orig, STEPS['full']['steps']) >= 20 * 8 and timed_steps(fast, 50) == 50
+    # and the synthetic data set is big enough for all of them
+    assert orig.synthetic_train_size >= orig.batch_size * (STEPS['full']['warmup'] + 160)
 
 
 def test_fast_config_file():
