@@ -168,7 +168,7 @@ def per_rank_batch_size(cfg:Config, world_size:int) -> int:
                           f" such as {lo or hi} or {hi}")
     return cfg.batch_size // per_step
 
-# %% ../nbs/00_config.ipynb #a1da910c
+# %% ../nbs/00_config.ipynb #38025663
 class PathError(ConfigError):
     "A path in the config cannot be used; may differ between nodes (each node's local rank 0 reports it)."
 

@@ -73,7 +73,7 @@ def no_sync(model:nn.Module, skip:bool):
     inner = getattr(model, '_orig_mod', model)  # a compiled DDP model
     return inner.no_sync() if skip and isinstance(inner, DDP) else contextlib.nullcontext()
 
-# %% ../nbs/04_model.ipynb #5c89f24b
+# %% ../nbs/04_model.ipynb #438ccbcd
 @torch.no_grad()
 def min_batchnorm_values(model:nn.Module, image_size:int) -> int|None:
     "Fewest values per channel any BatchNorm layer sees for ONE image of `image_size` px (None: no BatchNorm)."
