@@ -4,16 +4,17 @@
 
 # %% ../nbs/01_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import contextlib, os, socket, random, traceback, time, datetime
+import contextlib, os, sys, socket, random, traceback, time, datetime, threading, uuid
 from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 # %% auto #0
-__all__ = ['DistError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'setup', 'teardown', 'barrier', 'all_reduce_sum',
-           'broadcast_object', 'describe_world', 'in_order', 'seed_everything', 'free_port', 'autocast', 'launch',
-           'demo_all_reduce', 'demo_in_order']
+__all__ = ['DistError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'ConnectFailed', 'attempt_token', 'setup',
+           'teardown', 'barrier', 'all_reduce_sum', 'broadcast_object', 'describe_world', 'in_order', 'seed_everything',
+           'free_port', 'autocast', 'launch', 'demo_all_reduce', 'demo_in_order']
 
 # %% ../nbs/01_dist.ipynb #7614fc1d
 class DistError(RuntimeError):
@@ -62,7 +63,74 @@ def pick_device(local_rank:int, backend:str='auto'):
         return torch.device('cuda', local_rank), 'nccl'
     return torch.device('cpu'), 'gloo'
 
+# %% ../nbs/01_dist.ipynb #b7d1e3a9
+class ConnectFailed(DistError):
+    "This rank could not join the process group within timeout_s; the message says where and what to check."
+
+_NS = 'cifar_ddp_tut/'  # our keys, in a store that torchrun and earlier attempts may share
+_attempt = None
+
+def attempt_token() -> str|None:
+    "The id all ranks of this attempt agreed on in `setup` (None without a process group)."
+    return _attempt
+
+def _agree_on_attempt(store, rank:int, world_size:int, deadline:float) -> str:
+    "A fresh token that every rank of this attempt, and no other attempt, knows."
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f'{_NS}hello/{rank}', nonce)           # replaces what an earlier attempt left
+        token = store.get(f'{_NS}ack/{nonce}').decode()  # only this attempt's rank 0 can answer
+        store.add(f'{_NS}{token}/joined', 1)
+        return token
+    token, answered = uuid.uuid4().hex, {}
+    keys = [f'{_NS}hello/{r}' for r in range(1, world_size)]
+    if keys: store.wait(keys)
+    while (n := store.add(f'{_NS}{token}/joined', 0)) < world_size - 1:
+        if time.monotonic() > deadline: raise TimeoutError(f"{n} of {world_size - 1} other ranks checked in")
+        for k, v in zip(keys, store.multi_get(keys)):
+            if answered.get(k) != v: store.set(f'{_NS}ack/{v.decode()}', token); answered[k] = v
+        time.sleep(0.02)
+    return token
+
+# %% ../nbs/01_dist.ipynb #a2c4e6f8
+def _all_pairs(device, rank:int, world_size:int):
+    "One all-to-all: every rank sends its rank to every other, so every pair of processes has talked."
+    t = torch.full((world_size,), float(rank), device=device); got = torch.empty_like(t)
+    dist.all_to_all_single(got, t)
+    if got.tolist() != list(map(float, range(world_size))): raise DistError(f"all-to-all gave {got.tolist()}")
+
 # %% ../nbs/01_dist.ipynb #7ab1805a
+def _connect(be:str, rank:int, world_size:int, device, timeout_s:float):
+    "Store, this attempt's namespace, process group, a message between every pair: within timeout_s."
+    global _attempt
+    addr, deadline = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", time.monotonic() + timeout_s
+    step = [f"connecting to the TCP store at {addr}"]
+    why = lambda: (f"could not join the process group within timeout_s={timeout_s:g} s while {step[0]}; "
+                   f"check that all {world_size} processes started and can reach {addr} and each other, "
+                   "or raise timeout_s")
+    def give_up():  # the last resort, for a C++ call that does not return
+        print(f"cifar_ddp_tut: error: [rank {rank}] {why()} (stuck in C++, exiting)", file=sys.stderr, flush=True)
+        os._exit(1)
+    dog = threading.Timer(timeout_s + 5, give_up); dog.daemon = True; dog.start()
+    left = lambda: datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
+    try:
+        store, _, _ = next(rendezvous('env://', rank, world_size, timeout=left()))
+        step[0] = "agreeing on an id for this attempt with rank 0"
+        store.set_timeout(left())
+        _attempt = _agree_on_attempt(store, rank, world_size, deadline)
+        step[0] = "creating the process group"
+        store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(be, store=dist.PrefixStore(f'{_NS}{_attempt}/', store), rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                                **(dict(device_id=device) if device.type == 'cuda' else {}))
+        step[0] = "exchanging a first message with every other rank"
+        _all_pairs(device, rank, world_size)
+    except Exception as e:
+        cause = (str(e).strip().splitlines() or [''])[0][:200]
+        raise ConnectFailed(f"{why()} ({type(e).__name__}: {cause})") from e
+    finally: dog.cancel()
+
+# %% ../nbs/01_dist.ipynb #d4a8b6c1
 def setup(backend:str='auto', timeout_s:float=300.0) -> DistEnv:
     "Read torchrun's variables, pick this rank's device, start the process group (if launched by torchrun)."
     r = env_ranks()
@@ -71,9 +139,7 @@ def setup(backend:str='auto', timeout_s:float=300.0) -> DistEnv:
     elif 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // r['local_world_size']))
     if 'WORLD_SIZE' not in os.environ: return DistEnv(**r, device=device, backend=None)
-    if not dist.is_initialized():
-        kw = dict(device_id=device) if device.type == 'cuda' else {}
-        dist.init_process_group(be, timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    if not dist.is_initialized(): _connect(be, r['rank'], r['world_size'], device, timeout_s)
     return DistEnv(**r, device=device, backend=be)
 
 def teardown():

@@ -4,26 +4,52 @@
 
 # %% ../nbs/07_launching.ipynb #e3615755
 from __future__ import annotations
-import json, os, sys
+import json, os, sys, time, datetime
 
 # %% auto #0
-__all__ = ['TORCHRUN_VARS', 'print_env']
+__all__ = ['TORCHRUN_VARS', 'show_store', 'print_env']
+
+# %% ../nbs/07_launching.ipynb #a7c3e9d1
+def show_store():
+    "Restart demo: the gloo keys in the workers' store at start; attempt 0 joins as before the fix."
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import rendezvous
+    from cifar_ddp_tut.dist import setup, teardown, attempt_token
+    rank, ws = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    attempt = os.environ['TORCHELASTIC_RESTART_COUNT']
+    store, _, _ = next(rendezvous('env://', rank, ws, timeout=datetime.timedelta(seconds=30)))
+    keys = sorted(k for k in store.list_keys() if k.startswith('default_pg'))
+    store.add(f'demo/listed/{attempt}', 1)  # every rank lists before any rank of this attempt joins
+    while store.add(f'demo/listed/{attempt}', 0) < ws: time.sleep(0.02)
+    row = dict(attempt=attempt, rank=rank, port=os.environ['MASTER_PORT'], gloo_keys_at_start=keys)
+    if attempt == '0':  # env://, as before the fix
+        dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))
+    else:
+        setup('gloo', 30); row['attempt_token'] = attempt_token()[:8]
+    sys.stdout.write(json.dumps(row) + '\n'); sys.stdout.flush()
+    dist.barrier()
+    if attempt == '0' and rank == 1: os._exit(13)
+    if attempt == '0': time.sleep(30)  # torchrun stops it when rank 1 dies
+    teardown()
 
 # %% ../nbs/07_launching.ipynb #b0e54325
 TORCHRUN_VARS = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT',
                  'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCHELASTIC_RUN_ID', 'OMP_NUM_THREADS']
 
-def print_env(crash_rank:int=-1):
-    "Print this process's torchrun variables as one JSON line; rank `crash_rank` dies on the first attempt (restart demo)."
+def print_env(crash_rank:int=-1, linger_s:float=0):
+    "Print this process's torchrun variables as one JSON line (restart demos: see below)."
     env = {k: os.environ.get(k) for k in TORCHRUN_VARS}
     sys.stdout.write(json.dumps(env) + '\n'); sys.stdout.flush()  # one write: ranks share the pipe, lines must not interleave
-    if str(crash_rank) == env['RANK'] and env['TORCHELASTIC_RESTART_COUNT'] == '0':
-        print(f"rank {crash_rank}: simulating a crash (exit code 13) on attempt 0", file=sys.stderr, flush=True)
+    if env['TORCHELASTIC_RESTART_COUNT'] != '0': return
+    if str(crash_rank) == env['RANK'] or os.environ.get('DEMO_CRASH_NODE') == '1':  # or a node
+        print(f"rank {env['RANK']}: simulating a crash (exit 13) on attempt 0", file=sys.stderr, flush=True)
         os._exit(13)
+    time.sleep(linger_s)  # lets another node's restart find this process still running
 
 def _in_ipython():
     ip = sys.modules.get('IPython')
     return ip is not None and ip.get_ipython() is not None
 
 if __name__ == '__main__' and not _in_ipython():
-    print_env(int(sys.argv[1]) if len(sys.argv) > 1 else -1)
+    if sys.argv[1:2] == ['store']: show_store()
+    else: print_env(*(int(a) if i == 0 else float(a) for i, a in enumerate(sys.argv[1:3])))

@@ -1,0 +1,88 @@
+"""Elastic restarts under torchrun, with no spare restarts: every restarted group must form, every time.
+And the connect phase of `setup` honours timeout_s: a rank that cannot join fails with one line."""
+import os, signal, subprocess, sys, time
+import pytest
+from _util import (ROOT, QUICKSTART, read_metrics, torchrun, start_torchrun, children, wait_for, snapshot_value,
+                   same_history)
+from cifar_ddp_tut.dist import free_port
+
+EPOCHS = 4
+KILLS = EPOCHS - 1  # one SIGKILL after each snapshot but the last: max-restarts equals the kills, none to spare
+
+
+def small(save_dir, data_dir, *extra):
+    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir, '--synthetic_train_size', '640',
+            '--synthetic_test_size', '101', '--epoch', str(EPOCHS), '--plot', 'false', *extra]
+
+
+def test_elastic_restarts_every_time(tmp_path):
+    """`--max-restarts=3` and exactly 3 SIGKILLs, each of one worker of a freshly restarted group, after its snapshot.
+    One restart that fails to form its process group uses up the budget and the job fails."""
+    p0, _ = torchrun(2, *small(tmp_path/'ref', tmp_path/'data'))
+    assert p0.returncode == 0, p0.stderr[-3000:]
+    reference = read_metrics(tmp_path/'ref')
+    p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data', '--timeout_s', '30'), log_dir=tmp_path/'logs',
+                       launcher_args=[f'--max-restarts={KILLS}'])
+    killed, t0 = [], time.monotonic()
+    try:
+        for k in range(1, KILLS + 1):
+            # snapshot k is written by the group started after kill k-1, so that group has formed and trained
+            wait_for(lambda: snapshot_value(tmp_path/'run') >= k or p.poll() is not None, 240, f'snapshot {k}')
+            assert p.poll() is None, f"torchrun exited (rc {p.returncode}) before kill {k}:\n{p.err_path.read_text()[-3000:]}"
+            time.sleep(0.5)  # into the next epoch
+            workers = [w for w in children(p.pid) if w not in killed]
+            assert len(workers) == 2, (k, workers, killed)
+            victim = workers[k % 2]  # alternate between the two local ranks
+            os.kill(victim, signal.SIGKILL); killed.append(victim)
+            assert snapshot_value(tmp_path/'run') < EPOCHS, "the run finished before the kill: too fast to interrupt"
+        rc = p.wait(300)
+    finally:
+        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
+    out, err = p.out_path.read_text(), p.err_path.read_text()
+    print(f"{KILLS} kills, {KILLS} restarts, finished in {time.monotonic() - t0:.0f} s")
+    assert rc == 0, err[-3000:]
+    assert out.count('resuming from') == KILLS, out
+    assert 'could not join the process group' not in err
+    hist = read_metrics(tmp_path/'run')
+    assert [h['epoch'] for h in hist] == list(range(EPOCHS))  # continuous: no epoch lost or repeated
+    same_history(hist, reference)
+
+
+def _alone(rank, timeout_s, code=None):
+    "Start the training program as `rank` of a world of 2 whose other rank never comes; (CompletedProcess, seconds)."
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'WORLD_SIZE': '2', 'RANK': str(rank), 'LOCAL_RANK': '0',
+           'LOCAL_WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port())}
+    cmd = [sys.executable, '-c', code] if code else [sys.executable, '-m', 'cifar_ddp_tut.train', '--cfg', QUICKSTART,
+                                                    '--timeout_s', str(timeout_s), '--plot', 'false']
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    return p, time.monotonic() - t0
+
+
+@pytest.mark.parametrize('rank', [0, 1])
+def test_elastic_connect_honours_timeout(rank):
+    "Rank 0 alone (its store waits for a client) or rank 1 alone (no store to reach): one line, exit 1, ~timeout_s."
+    p, secs = _alone(rank, 4)
+    errors = [l for l in p.stderr.splitlines() if 'error:' in l]
+    print(f"rank {rank} alone: exit {p.returncode} after {secs:.1f} s (timeout_s=4, including start-up): {errors}")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert len(errors) == 1 and 'Traceback' not in p.stderr, p.stderr[-2000:]
+    assert f'[rank {rank}] could not join the process group within timeout_s=4 s while connecting to the TCP store' in errors[0]
+    assert secs < 4 + 30  # start-up (imports) on a loaded 2-core machine, then the timeout
+
+
+def test_elastic_connect_watchdog_ends_a_stuck_call():
+    "A connect step stuck where Python cannot interrupt it: the watchdog prints the one line and exits at timeout_s + 5."
+    hang = ("import time, torch.distributed as dist\n"
+            "import cifar_ddp_tut.dist as d\n"
+            "d.rendezvous = lambda *a, **k: iter([(dist.HashStore(), 0, 2)])  # a store that works\n"
+            "d._agree_on_attempt = lambda *a: 'x'\n"
+            "dist.init_process_group = lambda *a, **k: time.sleep(600)  # stands in for gloo stuck in C++\n"
+            "d.setup('gloo', 2)\n")
+    p, secs = _alone(0, 2, code=hang)
+    lines = [l for l in p.stderr.splitlines() if 'could not join' in l]
+    print(f"stuck connect: exit {p.returncode} after {secs:.1f} s: {lines}")
+    assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]
+    last = lines[0]
+    assert '[rank 0] could not join the process group within timeout_s=2 s while creating the process group' in last
+    assert 'stuck in C++, exiting' in last and secs < 2 + 5 + 30
