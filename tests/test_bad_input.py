@@ -76,6 +76,12 @@ def _setup(case, tmp):
     if case == 'one_image_per_rank_with_batchnorm': return ['--cfg', QUICKSTART, '--batch_size', '2'], env
     if case == 'static_graph_with_accumulation':
         return ['--cfg', QUICKSTART, '--ddp_static_graph', 'true', '--accumulate_steps', '2'], env
+    if case == 'device_wrong_type': return ['--cfg', QUICKSTART, '--device', 'cuda'], env
+    if case == 'corrupt_synthetic_data':
+        from cifar_ddp_tut.data import write_synthetic_cifar10
+        folder = write_synthetic_cifar10(tmp/'data', 2000, 501, 42)  # the quickstart's sizes and seed
+        with open(folder/'data_batch_2', 'r+b') as f: f.seek(100); f.write(b'\x00garbage')
+        return ['--cfg', QUICKSTART], env
     raise ValueError(case)
 
 
@@ -110,6 +116,8 @@ CASES = {  # case: text the one error line must contain
     'inf_timeout': "timeout_s=inf is not a finite number",
     'one_image_per_rank_with_batchnorm': "leaves 1 image per rank and micro-step",
     'static_graph_with_accumulation': "ddp_static_graph=true cannot be combined with accumulate_steps=2",
+    'device_wrong_type': "device='cuda' has type str, expected list (for example device: [0, 1, 2, 3])",
+    'corrupt_synthetic_data': "is corrupt (its MD5 check failed); delete",
 }
 
 
@@ -133,6 +141,7 @@ def test_bad_input(case, tmp_path):
     assert not (tmp_path/'pwned').exists()
     assert 'train loss' not in p.stdout and 'it/s]' not in p.stderr, p.stderr[-2000:]  # known up front: nothing trained
     if case == 'save_dir_is_a_file': assert (tmp_path/'afile').read_text() == 'keep me\n'
+    if case == 'corrupt_synthetic_data': assert 'download=True' not in p.stderr  # torchvision's hint means nothing here
     print(f"{case}: exit {p.returncode} in {secs:.1f} s: {errors[0]}")
 
 

@@ -106,3 +106,15 @@ def test_torch_distributed_errors_give_one_line(exc, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1, err
     assert err[0].startswith('cifar_ddp_train: error:') and type(exc).__name__ in err[0], err
+
+
+def test_every_type_error_suggests_a_value_that_loads():
+    "The example in a type error is itself valid: `device` once suggested device: '[0]', which was rejected in turn."
+    import yaml
+    from dataclasses import fields
+    from cifar_ddp_tut.config import Config
+    for f in fields(Config):
+        wrong = {'list': 'text', 'str': [1], 'bool': 'maybe', 'int': 'four', 'float': 'x'}[f.type if isinstance(f.type, str) else f.type.__name__]
+        with pytest.raises(ConfigError) as e: load_config(None, {f.name: wrong})
+        example = str(e.value).split('(for example ')[1][:-1]
+        load_config(None, yaml.safe_load(example))  # raises if the suggestion is not accepted
