@@ -4,20 +4,23 @@
 
 # %% ../nbs/08_benchmark.ipynb #5067fe6a
 from __future__ import annotations
-import argparse, json, math, os, signal, subprocess, sys, tempfile, time, traceback, warnings
+import os, signal, sys, tempfile, threading, time, uuid, warnings, json
 from pathlib import Path
 import torch
-import torch.distributed as dist
 import yaml
-from .config import Config, ConfigError, load_config, config_dict, per_rank_batch_size
-from .dist import DistError, setup, teardown, barrier
-from .train import build_trainer, peak_memory_gb, _in_ipython
-from .checkpoint import write_atomic, save_atomic, unwrap
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from .config import (Config, ConfigError, load_config, config_dict, per_rank_batch_size, cli_parser,
+                                  cli_overrides)
+from .dist import setup, teardown, barrier, all_reduce_max, in_notebook
+from .train import build_trainer, peak_memory_gb
+from .checkpoint import save_atomic, unwrap
 
 # %% auto #0
 __all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'MIN_STEPS_PER_QUEUED', 'parse_recipe',
            'loader_queue', 'timed_steps', 'bench_config', 'cpu_name', 'measure', 'bench_worker', 'BenchError',
-           'hardware', 'run_torchrun', 'launch_one', 'run_bench', 'bench_table', 'plot_bench', 'main']
+           'hardware', 'launch_one', 'run_bench', 'bench_table', 'main']
 
 # %% ../nbs/08_benchmark.ipynb #c7c6ff36
 RECIPES = {
@@ -85,111 +88,77 @@ def bench_config(recipe:str, size:str='small', nprocs:int=1, warmup:int=2, steps
     return load_config(base, {**layers, **sizes, **(overrides or {})})
 
 # %% ../nbs/08_benchmark.ipynb #c1aa2a96
-def _sync(device):
-    if device.type == 'cuda': torch.cuda.synchronize(device)
-
-def _device_name(device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_name()
-
 def cpu_name() -> str:
     "The CPU's model name, from /proc/cpuinfo where there is one."
-    try:
-        for line in Path('/proc/cpuinfo').read_text().splitlines():
-            if line.startswith('model name'): return line.split(':', 1)[1].strip()
-    except OSError: pass
-    import platform
-    return platform.processor() or platform.machine()
+    try: return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name'))
+    except (OSError, StopIteration):
+        import platform
+        return platform.processor() or platform.machine()
 
 def _clock(env):
     "Wait for the device and every rank, then read the clock: the slowest rank counts."
-    _sync(env.device); barrier(env)
+    if env.device.type == 'cuda': torch.cuda.synchronize(env.device)
+    barrier(env)
     return time.perf_counter()
-
-def _check_queue(trainer, steps:int) -> int:
-    "The training loader's queue (num_workers x prefetch_factor); an error when `steps` is too few to outlast it."
-    loader = trainer.train_loader
-    queue = getattr(loader, 'num_workers', 0) * (getattr(loader, 'prefetch_factor', None) or 0)
-    if steps < MIN_STEPS_PER_QUEUED * queue:
-        raise ConfigError(f"steps={steps} but the training loader queues up to {queue} batches during warm-up; time at least "
-                          f"{MIN_STEPS_PER_QUEUED * queue} steps (timed_steps) so that prefetching cannot hide the loader's time")
-    return queue
 
 # %% ../nbs/08_benchmark.ipynb #c1aa2a97
 def measure(trainer, warmup:int, steps:int, check_steps:int=2) -> dict:
-    "Time warm-up, `steps` optimizer steps of `trainer._run_epoch`, two evaluations and one epoch-end checkpoint write; figures for this rank."
+    "Time warm-up, `steps` optimizer steps of `trainer.run_epoch`, two evaluations and one epoch-end checkpoint write."
     env, cfg, dev = trainer.env, trainer.cfg, trainer.env.device
-    queue, check = _check_queue(trainer, steps), (check_steps if dev.type == 'cuda' else 0)
+    queue, check = loader_queue(cfg), (check_steps if dev.type == 'cuda' else 0)
+    if steps < MIN_STEPS_PER_QUEUED * queue:
+        raise ConfigError(f"steps={steps} but the training loader queues up to {queue} batches during warm-up; time "
+                          f"at least {MIN_STEPS_PER_QUEUED * queue} steps (timed_steps) so prefetching cannot hide it")
     # host syncs are counted one step after the clock stops, so that the window misses the progress bar's
     # .item() every log_every steps (with the default step counts)
-    watch = warmup + steps + 1
-    marks, take_step = {}, trainer._optimizer_step
-    def timed_step():
-        take_step()
-        n = trainer.step
-        if n == warmup or n == warmup + steps: marks[n] = _clock(env)
-        if check and n == watch: torch.cuda.set_sync_debug_mode('warn')
-        elif check and n == watch + check: torch.cuda.set_sync_debug_mode(0)
-    trainer._optimizer_step = timed_step
+    watch, marks = warmup + steps + 1, {}
+    def clock(t):  # an on_step hook
+        if t.step in (warmup, warmup + steps): marks[t.step] = _clock(env)
+        if check and t.step in (watch, watch + check): torch.cuda.set_sync_debug_mode('warn' if t.step == watch else 0)
+    trainer.on_step.append(clock)
     trainer.steps_per_epoch = (watch + check if check else warmup + steps) * cfg.accumulate_steps
     start = _clock(env)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
-            train = trainer._run_epoch(0)
+            train = trainer.run_epoch(0)
     finally:
         if check: torch.cuda.set_sync_debug_mode(0)
-        trainer._optimizer_step = take_step
+        trainer.on_step.remove(clock)
     if warmup + steps not in marks:
-        raise RuntimeError(f"the training loader ran out after {trainer.step} steps, before warmup + steps = {warmup + steps}; "
-                           f"leave synthetic_train_size to the benchmark, or make it larger")
+        raise RuntimeError(f"the training loader ran out after {trainer.step} steps, before warmup + steps = "
+                           f"{warmup + steps}; leave synthetic_train_size to the benchmark, or make it larger")
     syncs = [w for w in caught if 'synchroniz' in str(w.message)]
     secs = marks[warmup + steps] - marks[warmup]
-    t0 = _clock(env); trainer.evaluate()  # the first evaluation: its shapes' first kernels (and compilation), the loader's start
+    t0 = _clock(env); trainer.evaluate()  # the first evaluation: first kernels (and compilation), the loader's start
     t1 = _clock(env); val = trainer.evaluate()
     t2 = _clock(env)
     # what fit writes at each epoch's end: the snapshot (every rank sends its RNG state, rank 0 writes) and best.pt
     trainer.save_dir.mkdir(parents=True, exist_ok=True)
     trainer.save_snapshot(epoch_done=True, epoch=0)
-    if env.is_main: save_atomic(dict(model=unwrap(trainer.model).state_dict(), epoch=0, val_acc=val['acc'], config=config_dict(cfg)),
-                                trainer.save_dir/'best.pt')
+    if env.is_main: save_atomic(dict(model=unwrap(trainer.model).state_dict(), epoch=0, val_acc=val['acc'],
+                                     config=config_dict(cfg)), trainer.save_dir/'best.pt')
     t3 = _clock(env)
-    peak = torch.tensor([peak_memory_gb(dev)], dtype=torch.float64, device=dev)
-    if dist.is_initialized(): dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    peak = all_reduce_max(torch.tensor([peak_memory_gb(dev)], dtype=torch.float64, device=dev)).item()
     return dict(images_per_s=steps * cfg.batch_size / secs, ms_per_step=1000 * secs / steps,
-                eval_images_per_s=val['count'] / (t2 - t1), peak_mem_gb=peak.item(), train_loss=train['loss'],
+                eval_images_per_s=val['count'] / (t2 - t1), peak_mem_gb=peak, train_loss=train['loss'],
                 seconds=secs, steps=steps, warmup=warmup, loader_queue=queue, world_size=env.world_size,
                 warmup_s=marks[warmup] - start, warmup_extra_s=max(0.0, marks[warmup] - start - warmup * secs / steps),
                 eval_extra_s=max(0.0, (t1 - t0) - (t2 - t1)), checkpoint_s=t3 - t2,
-                per_rank_batch=per_rank_batch_size(cfg, env.world_size), global_batch=cfg.batch_size,
-                device=dev.type, device_name=_device_name(dev), threads_per_process=torch.get_num_threads(),
+                per_rank_batch=per_rank_batch_size(cfg, env.world_size), global_batch=cfg.batch_size, device=dev.type,
+                device_name=torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu_name(),
+                threads_per_process=torch.get_num_threads(),
                 host_syncs_per_step=len(syncs) / check if check else None,
                 host_sync_sites=sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs}) if check else None)
 
 # %% ../nbs/08_benchmark.ipynb #a4182401
 def bench_worker(cfg:Config, warmup:int, steps:int) -> dict:
-    "Run in each process under torchrun: the real trainer, measured (`built_at`: the wall clock when it was ready)."
+    "Run in each launched process: the real trainer, measured (`built_at`: the wall clock when it was ready)."
     env = setup(cfg.backend, cfg.timeout_s)
     try:
         trainer = build_trainer(cfg, env)
-        built_at = time.time()
-        return {**measure(trainer, warmup, steps), 'built_at': built_at}
+        return {**measure(trainer, warmup, steps), 'built_at': time.time()}
     finally: teardown()
-
-def _worker_main(argv):
-    p = argparse.ArgumentParser(prog='cifar_ddp_bench --worker')
-    p.add_argument('--worker', action='store_true')
-    p.add_argument('--config', required=True); p.add_argument('--result', required=True)
-    p.add_argument('--warmup', type=int, required=True); p.add_argument('--steps', type=int, required=True)
-    a = p.parse_args(argv)
-    rank = int(os.environ.get('RANK', 0))
-    try:
-        cfg = load_config(None, json.loads(Path(a.config).read_text()))
-        res = bench_worker(cfg, a.warmup, a.steps)
-        if rank == 0: write_atomic(a.result, lambda f: f.write(json.dumps(res, indent=1).encode()))
-    except Exception as e:
-        if not isinstance(e, (ConfigError, DistError)): traceback.print_exc()
-        print(f"cifar_ddp_bench: error: [rank {rank}] {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        sys.exit(1)
 
 # %% ../nbs/08_benchmark.ipynb #589c98ef
 class BenchError(RuntimeError):
@@ -197,83 +166,31 @@ class BenchError(RuntimeError):
 
 def hardware() -> dict:
     "What the figures are measured on: device kind, its name, core count, torch version, and a label."
-    cuda = torch.cuda.is_available()
-    name = torch.cuda.get_device_name(0) if cuda else cpu_name()
-    cores = os.cpu_count() or 1
-    label = (f"{name} ({torch.cuda.device_count()} GPU(s)), torch {torch.__version__}, CUDA {torch.version.cuda}" if cuda
-             else f"{name}, {cores} cores, torch {torch.__version__}")
-    return dict(device='cuda' if cuda else 'cpu', name=name, cpu=cpu_name(), cores=cores, gpus=torch.cuda.device_count() if cuda else 0,
-                torch=torch.__version__, label=label)
-
-def _error_lines(stderr:str, prefix:str='cifar_ddp_bench: error: ') -> str:
-    ours = [l for l in stderr.splitlines() if prefix in l]
-    if ours: return ours[0].split(prefix, 1)[1]
-    return '\n'.join(l for l in stderr.splitlines() if l.strip())[-2000:] or 'no message on stderr'
-
-def _child_pids() -> dict:
-    "{parent pid: [its children's pids]} for every process (from Linux's /proc; empty elsewhere)."
-    kids = {}
-    for d in Path('/proc').glob('[0-9]*'):
-        try: ppid = int((d/'stat').read_text().rsplit(')', 1)[1].split()[1])
-        except (OSError, ValueError, IndexError): continue
-        kids.setdefault(ppid, []).append(int(d.name))
-    return kids
-
-def _descendants(pid:int) -> list:
-    "Ids of the processes below `pid` (from Linux's /proc; none found elsewhere)."
-    kids = _child_pids()
-    out, todo = [], [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []): out.append(c); todo.append(c)
-    return out
-
-def _stop(p):
-    "Stop a launch: SIGTERM to torchrun (it stops its workers), then SIGKILL to whatever of it is left."
-    below = _descendants(p.pid)  # torchrun starts each worker in a session of its own: note them first
-    try: os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError: pass
-    try: p.wait(timeout=10)
-    except subprocess.TimeoutExpired: pass
-    for pid in [p.pid, *below]:
-        try: os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError): pass
-    p.wait()
+    gpus, cores, cpu, tv = torch.cuda.device_count(), os.cpu_count() or 1, cpu_name(), torch.__version__
+    name = torch.cuda.get_device_name(0) if gpus else cpu
+    label = f"{name} ({gpus} GPU(s)), torch {tv}, CUDA {torch.version.cuda}" if gpus else f"{name}, {cores} cores, torch {tv}"
+    return dict(device='cuda' if gpus else 'cpu', name=name, cpu=cpu, cores=cores, gpus=gpus, torch=tv, label=label)
 
 # %% ../nbs/08_benchmark.ipynb #589c98f1
-def _threads_env(nprocs:int) -> dict:
-    "The environment for a launch: on CPU, cores / nprocs OpenMP threads a process unless OMP_NUM_THREADS is set."
-    env = dict(os.environ)
-    if not torch.cuda.is_available() and 'OMP_NUM_THREADS' not in os.environ:
-        env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // nprocs))
-    return env
+def _on_term(signum, frame): raise SignalException(f"got signal {signum}", signal.Signals(signum))
 
-def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None, poll_s:float=0.1):
-    "`torchrun --standalone --nproc_per_node=nprocs -m module *args`: (exit code, or None when `stop_when()` stopped it; stdout; stderr)."
-    logdir = Path(logdir); logdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nprocs}', '-m', module, *map(str, args)]
-    with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=_threads_env(nprocs), start_new_session=True)
-        t0, code = time.monotonic(), None
-        try:
-            while (code := p.poll()) is None:
-                if stop_when is not None and stop_when(): _stop(p); break
-                if time.monotonic() - t0 > timeout_s:
-                    _stop(p)
-                    raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank stuck in a collective")
-                time.sleep(poll_s)
-        except BaseException: _stop(p); raise
-    return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
-
-def launch_one(cfg:Config, nprocs:int, warmup:int, steps:int, workdir, timeout_s:float=900) -> dict:
-    "Run one `torchrun` benchmark job of `nprocs` processes; rank 0's figures, with `startup_s` from launch to a built trainer."
-    workdir = Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
-    conf, result = workdir/'config.json', workdir/'result.json'
-    conf.write_text(json.dumps(config_dict(cfg)))
-    launched = time.time()
-    code, _, err = run_torchrun(nprocs, 'cifar_ddp_tut.bench', ['--worker', '--config', conf, '--result', result,
-                                '--warmup', warmup, '--steps', steps], workdir, timeout_s)
-    if code != 0 or not result.exists(): raise BenchError(f"failed (exit code {code}): {_error_lines(err)}")
-    row = json.loads(result.read_text())
+def launch_one(cfg:Config, nprocs:int, warmup:int, steps:int, timeout_s:float=900) -> dict:
+    "`bench_worker` on `nprocs` new processes, as torchrun starts them: rank 0's figures, `startup_s` included."
+    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex, rdzv_backend='c10d',
+                      rdzv_endpoint='localhost:0', max_restarts=0, monitor_interval=0.1, start_method='spawn')
+    alarm = threading.Timer(timeout_s, os.kill, (os.getpid(), signal.SIGTERM))  # the launcher stops its workers
+    old, launched = signal.signal(signal.SIGTERM, _on_term), time.time()
+    alarm.start()
+    try: row = elastic_launch(lc, bench_worker)(cfg, warmup, steps)[0]
+    except ChildFailedError as e:
+        rank, f = e.get_first_failure()
+        msg = f.message.get('message', f.message) if isinstance(f.message, dict) else f.message
+        raise BenchError(f"failed (exit code {f.exitcode}): [rank {rank}] {str(msg).strip()[-2000:]}") from None
+    except SignalException:
+        if not alarm.finished.is_set(): raise
+        raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank stuck "
+                         f"in a collective") from None
+    finally: alarm.cancel(); signal.signal(signal.SIGTERM, old)
     row['startup_s'] = row.pop('built_at') - launched  # interpreter, imports, process group, data, model, DDP
     return row
 
@@ -292,14 +209,14 @@ def _summarise(row:dict, original:dict|None) -> dict:
 def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup:int|None=None, steps:int|None=None,
               eval_batches:int|None=None, cfg:str|None=None, overrides:dict|None=None, out=None,
               timeout_s:float=900, verbose:bool=True) -> dict:
-    "Benchmark each recipe on each process count in `nprocs`; the report (failed launches under `failures`), also written to `out` as JSON."
+    "Each recipe on each process count in `nprocs`: the report (failed launches under `failures`), also JSON in `out`."
     hw = hardware()
     if size == 'auto': size = 'full' if hw['device'] == 'cuda' else 'small'
     if size not in SIZES: raise ConfigError(f"size={size!r} is not one of {['auto', *SIZES]}; pick one of them")
-    warmup, steps, eval_batches = (v if v is not None else STEPS[size][k] for k, v in
-                                   (('warmup', warmup), ('steps', steps), ('eval_batches', eval_batches)))
-    for k, v in (('warmup', warmup), ('steps', steps), ('eval_batches', eval_batches)):
-        if v < 1: raise ConfigError(f"{k}={v} is too small; it must be at least 1")
+    given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches)
+    for k, v in given.items():
+        if v is not None and v < 1: raise ConfigError(f"{k}={v} is too small; it must be at least 1")
+    warmup, steps, eval_batches = (STEPS[size][k] if v is None else v for k, v in given.items())
     nprocs, recipes = [int(n) for n in nprocs], list(recipes)
     if not nprocs or min(nprocs) < 1: raise ConfigError(f"nprocs={nprocs} must be positive process counts such as 1,2")
     if hw['device'] == 'cuda' and max(nprocs) > hw['gpus']:
@@ -309,22 +226,20 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
         cfgs = {(r, n): bench_config(r, size, n, warmup, steps, eval_batches, cfg, overrides,
                                      data_dir=Path(tmp)/'data', save_dir=Path(tmp)/f'runs-{n}-{i}')
                 for n in nprocs for i, r in enumerate(recipes)}  # every mistake surfaces before the first launch
-        for n in nprocs:
-            for i, r in enumerate(recipes):
-                t0 = time.monotonic()
-                try: row = launch_one(cfgs[r, n], n, warmup, timed_steps(cfgs[r, n], steps), Path(tmp)/f'{n}-{i}', timeout_s)
-                except BenchError as e:  # keep going: the other recipes' figures are still worth having
-                    failures.append(dict(recipe=r, nprocs=n, error=f"recipe {r!r} on {n} process(es) {e}"))
-                    if verbose: print(f"{r} on {n} process(es): failed", flush=True)
-                    continue
-                row.update(recipe=r, nprocs=n, model=cfgs[r, n].model, image_size=cfgs[r, n].image_size,
-                           recipe_values=parse_recipe(r)[1], launch_s=round(time.monotonic() - t0, 1))
-                rows.append(row)
-                if verbose: print(f"{r} on {n} process(es): {row['images_per_s']:.1f} images/s, {row['ms_per_step']:.1f} ms/step "
-                                  f"over {row['steps']} steps ({row['launch_s']:.0f} s)", flush=True)
+        for (r, n), c in cfgs.items():
+            t0 = time.monotonic()
+            try: row = launch_one(c, n, warmup, timed_steps(c, steps), timeout_s)
+            except BenchError as e:  # keep going: the other recipes' figures are still worth having
+                failures.append(dict(recipe=r, nprocs=n, error=f"recipe {r!r} on {n} process(es) {e}"))
+                if verbose: print(f"{r} on {n} process(es): failed", flush=True)
+                continue
+            rows.append(row)
+            row.update(recipe=r, nprocs=n, model=c.model, image_size=c.image_size, recipe_values=parse_recipe(r)[1],
+                       launch_s=round(time.monotonic() - t0, 1))
+            if verbose: print(f"{r} on {n} process(es): {row['images_per_s']:.1f} images/s, {row['ms_per_step']:.1f} "
+                              f"ms/step over {row['steps']} steps ({row['launch_s']:.0f} s)", flush=True)
     for row in rows:
-        orig = next((o for o in rows if o['recipe'] == 'original' and o['nprocs'] == row['nprocs']), None)
-        _summarise(row, orig)
+        _summarise(row, next((o for o in rows if o['recipe'] == 'original' and o['nprocs'] == row['nprocs']), None))
     report = dict(hardware=hw, size=size, warmup=warmup, steps=steps, eval_batches=eval_batches, cfg=cfg,
                   overrides=overrides or {}, results=rows, failures=failures)
     if out:
@@ -335,107 +250,61 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
 # %% ../nbs/08_benchmark.ipynb #670020fd
 def _secs(s): return f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"
 
-def _threads(row:dict) -> str:
-    "', N thread(s) a process' for a CPU result (part of what its figures mean), else ''."
-    return f", {row['threads_per_process']} thread(s) a process" if row['device'] == 'cpu' else ''
-
 def bench_table(report:dict) -> str:
-    "The report's results as a Markdown table."
-    head = ("| recipe | processes | batch per rank | timed steps | images/s | ms/step | eval images/s | peak mem GB | x original "
-            "| 5 epochs, training only | 5 epochs, all in |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
-    lines = [head]
+    "The report's results (and failures) as a Markdown table, then what the figures are."
+    lines = ["| recipe | processes | batch per rank | timed steps | images/s | ms/step | eval images/s | peak mem GB "
+             "| x original | 5 epochs, training only | 5 epochs, all in |", "|---|" + "--:|" * 10]
     for r in report['results']:
         ratio = f"{r['ratio_to_original']:.2f}" if r['ratio_to_original'] is not None else '-'
-        lines.append(f"| {r['recipe']} | {r['nprocs']} | {r['per_rank_batch']} | {r['steps']} | {r['images_per_s']:.1f} | {r['ms_per_step']:.1f} "
-                     f"| {r['eval_images_per_s']:.1f} | {r['peak_mem_gb']:.2f} | {ratio} | {_secs(r['projected_5_epochs_s'])} "
-                     f"| {_secs(r['projected_5_epochs_all_in_s'])} |")
+        lines.append(f"| {r['recipe']} | {r['nprocs']} | {r['per_rank_batch']} | {r['steps']} | {r['images_per_s']:.1f} "
+                     f"| {r['ms_per_step']:.1f} | {r['eval_images_per_s']:.1f} | {r['peak_mem_gb']:.2f} | {ratio} "
+                     f"| {_secs(r['projected_5_epochs_s'])} | {_secs(r['projected_5_epochs_all_in_s'])} |")
     for f in report.get('failures', []):
         msg = ' '.join(f['error'].split()).replace('|', '/')[:200]
-        lines.append('| ' + ' | '.join([f['recipe'], str(f['nprocs']), f"failed: {msg}"] + [''] * 8) + ' |')
+        lines.append(f"| {f['recipe']} | {f['nprocs']} | failed: {msg} |" + " |" * 8)
     what = ''
     if report['results']:
         r0 = report['results'][0]
-        what = (f"{_threads(r0)}; {r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}, timed steps after "
-                f"{report['warmup']} of warm-up (at least {MIN_STEPS_PER_QUEUED} per batch the loader queues). Projected for "
-                f"{EPOCHS} epochs of {CIFAR_TRAIN:,} images; 'all in' adds, as measured in the same launch, start-up (launch to a "
-                f"built trainer), warm-up's extra time (compilation, cuDNN's search), {EPOCHS} evaluations of {CIFAR_TEST:,} images "
-                f"and {EPOCHS} snapshot + best.pt writes")
+        threads = f", {r0['threads_per_process']} thread(s) a process" if r0['device'] == 'cpu' else ''
+        what = (f"{threads}; {r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}, timed steps "
+                f"after {report['warmup']} of warm-up (at least {MIN_STEPS_PER_QUEUED} per batch the loader queues). "
+                f"Projected for {EPOCHS} epochs of {CIFAR_TRAIN:,} images; 'all in' adds, as measured in the same "
+                f"launch, start-up (launch to a built trainer), warm-up's extra time (compilation, cuDNN's search), "
+                f"{EPOCHS} evaluations of {CIFAR_TEST:,} images and {EPOCHS} snapshot + best.pt writes")
     return '\n'.join(lines) + f"\n\n{report['hardware']['label']}{what}"
 
-# %% ../nbs/08_benchmark.ipynb #670020fe
-def plot_bench(report:dict, path=None):
-    "Bars of images/s (with the ratio to the original) and projected 5-epoch time, by recipe and process count."
-    from matplotlib.figure import Figure
-    rows, recipes = report['results'], list(dict.fromkeys(r['recipe'] for r in report['results']))
-    if not rows: raise ValueError("the report has no results to plot (see its failures)")
-    procs = sorted({r['nprocs'] for r in rows})
-    fig = Figure(figsize=(12, 4.2))
-    axs = fig.subplots(1, 2)
-    width = 0.8 / len(recipes)
-    by = {(r['recipe'], r['nprocs']): r for r in rows}
-    for j, rec in enumerate(recipes):
-        xs = [k + j * width for k, n in enumerate(procs) if (rec, n) in by]
-        sel = [by[rec, n] for n in procs if (rec, n) in by]
-        for ax, key in zip(axs, ('images_per_s', 'projected_5_epochs_all_in_s')):
-            bars = ax.bar(xs, [r[key] for r in sel], width, label=rec)
-            if key == 'images_per_s':
-                ax.bar_label(bars, [f"x{r['ratio_to_original']:.2f}" if r['ratio_to_original'] else '' for r in sel], fontsize=8)
-    for ax, title in zip(axs, ('training images/s (higher is better)', 'projected 5 epochs, all in, s (lower is better)')):
-        ax.set_xticks([k + width * (len(recipes) - 1) / 2 for k in range(len(procs))], [f"{n} process(es)" for n in procs])
-        ax.set_title(title); ax.legend(fontsize=8)
-    r0 = rows[0]
-    fig.suptitle(f"{report['hardware']['label']}{_threads(r0)}\n{r0['model']} at {r0['image_size']} px, global batch {r0['global_batch']}", fontsize=10)
-    fig.tight_layout()
-    if path: fig.savefig(path, dpi=90)
-    return fig
-
 # %% ../nbs/08_benchmark.ipynb #9096417d
-def _overrides(extra:list) -> dict:
-    "`--key value` / `--key=value` pairs into a dict of strings (checked later by `load_config`)."
-    out, i = {}, 0
-    while i < len(extra):
-        tok = extra[i]
-        if not tok.startswith('--') or len(tok) < 3: raise ConfigError(f"unexpected argument {tok!r}; options look like --key VALUE (see --help)")
-        if '=' in tok: k, v = tok[2:].split('=', 1); i += 1
-        elif i + 1 < len(extra): k, v = tok[2:], extra[i + 1]; i += 2
-        else: raise ConfigError(f"{tok} needs a value: {tok} VALUE")
-        out[k] = v
-    return out
-
 def _parser():
-    p = argparse.ArgumentParser(prog='cifar_ddp_bench', allow_abbrev=False,
-        description="Benchmark training recipes (the original's and the fast one) with torchrun on this machine's "
-                    "CPUs or GPUs; prints a table and writes JSON. Other --key VALUE options are config keys for every recipe.")
-    p.add_argument('--recipes', default='original,fast', help=f"comma-separated recipes: names from {list(RECIPES)}, .yaml config "
-                   "files, each optionally with +key=value changes; 'ablation' for one technique at a time (default: original,fast)")
-    p.add_argument('--nprocs', default='1', help="comma-separated process counts, e.g. 1,2,4 (default: 1)")
-    p.add_argument('--size', default='auto', choices=['auto', *SIZES], help="full: the config as is (ResNet-50 at 224 px); "
-                   "small: ResNet-18 at 64 px for CPUs; auto: full on GPU, small on CPU (default: auto)")
-    p.add_argument('--warmup', type=int, default=None, help="untimed steps first (default: 10 full, 2 small)")
-    p.add_argument('--steps', type=int, default=None, help="timed optimizer steps (default: 50 full, 8 small)")
-    p.add_argument('--eval_batches', type=int, default=None, help="global batches in the timed evaluation (default: 10 full, 2 small)")
-    p.add_argument('--cfg', default=None, help="base YAML config for the named recipes (default: the original run's values)")
-    p.add_argument('--out', default='bench.json', help="where the JSON report is written (default: bench.json)")
-    p.add_argument('--timeout_s', type=float, default=900, help="seconds one launch may take before it is stopped (default: 900)")
+    p = cli_parser('cifar_ddp_bench', "Benchmark training recipes on this machine's CPUs or GPUs; prints a table and "
+                   "writes JSON. Config keys (--key VALUE) apply to every recipe.", conflict_handler='resolve')
+    add = p.add_argument
+    add('--recipes', default='original,fast', help=f"comma-separated: names from {list(RECIPES)} or .yaml files, "
+        "each optionally with +key=value changes; 'ablation': one technique at a time (default: original,fast)")
+    add('--nprocs', default='1', help="comma-separated process counts, e.g. 1,2,4 (default: 1)")
+    add('--size', default='auto', choices=['auto', *SIZES], help="full: the config as is (ResNet-50 at 224 px); "
+        "small: ResNet-18 at 64 px; auto: full on GPU, small on CPU (default)")
+    add('--warmup', type=int, default=None, help="untimed steps first (default: 10 full, 2 small)")
+    add('--steps', type=int, default=None, help="timed optimizer steps (default: 50 full, 8 small)")
+    add('--eval_batches', type=int, default=None, help="global batches of the timed evaluation (10 full, 2 small)")
+    add('--out', default='bench.json', help="where the JSON report is written (default: bench.json)")
+    add('--timeout_s', type=float, default=900, help="seconds one launch may take (default: 900); replaces the "
+        "config key of that name, which stays at its default")
     return p
 
 def main(argv=None):
-    "Console entry point `cifar_ddp_bench` (and, with --worker, the torchrun process)."
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if '--worker' in argv: return _worker_main(argv)
+    "Console entry point `cifar_ddp_bench`."
     try:
-        a, extra = _parser().parse_known_args(argv)
+        a, overrides = cli_overrides(_parser(), argv)
+        overrides.pop('timeout_s')  # the launch's, not the process group's
         recipes = ABLATION if a.recipes == 'ablation' else [r.strip() for r in a.recipes.split(',') if r.strip()]
         try: nprocs = [int(n) for n in a.nprocs.split(',') if n.strip()]
         except ValueError: raise ConfigError(f"--nprocs {a.nprocs!r} must be comma-separated integers such as 1,2") from None
-        report = run_bench(recipes, nprocs, a.size, a.warmup, a.steps, a.eval_batches, a.cfg, _overrides(extra), a.out, a.timeout_s)
+        report = run_bench(recipes, nprocs, a.size, a.warmup, a.steps, a.eval_batches, a.cfg, overrides, a.out, a.timeout_s)
     except (ConfigError, BenchError) as e:
         print(f"cifar_ddp_bench: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2 if isinstance(e, ConfigError) else 1)
-    print(bench_table(report))
-    print(f"wrote {a.out}")
-    if report['failures']:
-        for f in report['failures']: print(f"cifar_ddp_bench: error: {f['error']}", file=sys.stderr, flush=True)
-        sys.exit(1)
+    print(bench_table(report) + f"\nwrote {a.out}")
+    for f in report['failures']: print(f"cifar_ddp_bench: error: {f['error']}", file=sys.stderr, flush=True)
+    if report['failures']: sys.exit(1)
 
-if __name__ == '__main__' and not _in_ipython(): main()
+if __name__ == '__main__' and not in_notebook(): main()

@@ -4,16 +4,18 @@
 
 # %% ../nbs/05_checkpoint.ipynb #fbb175c3
 from __future__ import annotations
-import os, pickle, random, tempfile, zipfile
+import pickle, random, zipfile
 from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from .config import write_atomic
 
 # %% auto #0
-__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'write_atomic', 'save_atomic', 'load_checkpoint', 'load_model_state',
-           'get_rng_state', 'set_rng_state', 'gather_rng_states']
+__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'load_checkpoint', 'load_model_state', 'get_rng_state',
+           'set_rng_state', 'gather_rng_states']
 
 # %% ../nbs/05_checkpoint.ipynb #1202be3d
 class CheckpointError(RuntimeError):
@@ -28,34 +30,12 @@ def unwrap(model:nn.Module) -> nn.Module:
         else: return model
 
 def strip_prefixes(sd:dict) -> dict:
-    "`sd` with leading `module.` and `_orig_mod.` removed from every key."
-    def clean(k):
-        while True:
-            for p in ('module.', '_orig_mod.'):
-                if k.startswith(p): k = k[len(p):]; break
-            else: return k
-    return {clean(k): v for k, v in sd.items()}
+    "A copy of `sd` without the `_orig_mod.` (compile) and `module.` (DDP) prefixes, in either nesting."
+    sd = dict(sd)  # torch's helper renames in place
+    for p in ('_orig_mod.', 'module.', '_orig_mod.'): consume_prefix_in_state_dict_if_present(sd, p)
+    return sd
 
 # %% ../nbs/05_checkpoint.ipynb #16709ddf
-def _umask() -> int:
-    "This process's umask (reading it means setting it: set it straight back)."
-    m = os.umask(0o022); os.umask(m); return m
-
-def write_atomic(path, write):
-    "Call `write(f)` on a binary temporary file beside `path`, then rename it: `path` is always the old file or the complete new one."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode any other write would
-        with os.fdopen(fd, 'wb') as f:
-            write(f); f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path)
-        for stale in path.parent.glob(f'.{path.name}.*.tmp'): stale.unlink(missing_ok=True)  # left by a writer that was killed
-    except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
-        raise
-
 def save_atomic(obj, path):
     "`torch.save(obj, path)` so that `path` is always either the old file or the complete new one."
     write_atomic(path, lambda f: torch.save(obj, f))

@@ -4,15 +4,14 @@
 
 # %% ../nbs/00_config.ipynb #94181c2b
 from __future__ import annotations
-import argparse, dataclasses, difflib, math, tempfile
+import argparse, dataclasses, difflib, math, os, tempfile
 from dataclasses import dataclass, field, fields, asdict
 from pathlib import Path
-from typing import Any
 import yaml
 
 # %% auto #0
-__all__ = ['OUTPUTS', 'ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'PathError', 'check_paths', 'parse_cli',
-           'config_dict']
+__all__ = ['OUTPUTS', 'ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'PathError', 'check_paths', 'write_atomic',
+           'cli_parser', 'cli_overrides', 'parse_cli', 'config_dict']
 
 # %% ../nbs/00_config.ipynb #52b5dc81
 class ConfigError(ValueError):
@@ -203,11 +202,31 @@ def check_paths(cfg:Config):
     if cfg.eval_only and not Path(cfg.checkpoint).is_file():
         raise PathError(f"checkpoint={cfg.checkpoint!r} does not exist; pass the path of a best.pt or snapshot.pt")
 
+# %% ../nbs/00_config.ipynb #bf697223
+def _umask() -> int:
+    "This process's umask (reading it means setting it: set it straight back)."
+    m = os.umask(0o022); os.umask(m); return m
+
+def write_atomic(path, write):
+    "Call `write(f)` on a binary temporary file beside `path`, then rename it: `path` is always the old file or the complete new one."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; the file gets the mode any other write would
+        with os.fdopen(fd, 'wb') as f:
+            write(f); f.flush(); os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for stale in path.parent.glob(f'.{path.name}.*.tmp'): stale.unlink(missing_ok=True)  # left by a writer that was killed
+    except BaseException:
+        if os.path.exists(tmp): os.unlink(tmp)
+        raise
+
 # %% ../nbs/00_config.ipynb #f2e06aa4
-def _parser(prog=None):
-    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False,
-        description="Fine-tune a torchvision model on CIFAR-10 with DistributedDataParallel. "
-                    "Any config key can be given as --key VALUE and wins over the --cfg file.")
+def cli_parser(prog=None, description:str="Fine-tune a torchvision model on CIFAR-10 with DistributedDataParallel. "
+               "Any config key can be given as --key VALUE and wins over the --cfg file.", **kw):
+    "An argparse parser with --cfg and a --key VALUE option for every config key; a command adds its own options."
+    p = argparse.ArgumentParser(prog=prog, allow_abbrev=False, description=description, **kw)
     p.add_argument('--cfg', default=None, help="YAML config file (see config/)")
     for f in fields(Config):
         d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -216,16 +235,19 @@ def _parser(prog=None):
                        help=f"{f.metadata['doc']}{ch} (default: {d})".replace('%', '%%'))
     return p
 
-def parse_cli(argv=None, prog=None) -> Config:
-    "Parse `--cfg FILE --key value ...` into a checked `Config`."
-    p = _parser(prog)
-    args, unknown = p.parse_known_args(argv)
+def cli_overrides(parser, argv=None) -> tuple[argparse.Namespace, dict]:
+    "(the parsed arguments, the config keys given as --key VALUE); an unknown option is a ConfigError."
+    args, unknown = parser.parse_known_args(argv)
     if unknown:
         bad = unknown[0]
         if bad.startswith('--'): raise _unknown_key(bad[2:].split('=')[0], "the command line")
         raise ConfigError(f"unexpected argument {bad!r}; options look like --key VALUE (see --help)")
-    ov = {k: v for k, v in vars(args).items() if k != 'cfg' and v is not None}
-    return load_config(args.cfg, ov)
+    return args, {f.name: getattr(args, f.name) for f in fields(Config) if getattr(args, f.name) is not None}
+
+def parse_cli(argv=None, prog=None) -> Config:
+    "Parse `--cfg FILE --key value ...` into a checked `Config`."
+    args, overrides = cli_overrides(cli_parser(prog), argv)
+    return load_config(args.cfg, overrides)
 
 # %% ../nbs/00_config.ipynb #665fadb0
 def config_dict(cfg:Config) -> dict:

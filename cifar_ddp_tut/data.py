@@ -13,14 +13,13 @@ import torchvision
 from torchvision import transforms as T
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
-from .config import Config, ConfigError, per_rank_batch_size
+from .config import Config, ConfigError, per_rank_batch_size, write_atomic
 from .dist import DistEnv, in_order
-from .checkpoint import write_atomic
 
 # %% auto #0
 __all__ = ['CLASSES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'DataError', 'synthetic_images', 'write_synthetic_cifar10',
-           'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'build_eval_loader',
-           'build_loaders', 'augment_batch', 'DeviceLoader']
+           'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'augment_args',
+           'build_eval_loader', 'build_loaders', 'augment_batch', 'DeviceLoader']
 
 # %% ../nbs/02_data.ipynb #c89bc2ba
 class DataError(RuntimeError):
@@ -144,10 +143,14 @@ class ShardSampler(Sampler):
 def _loader_kw(cfg:Config, env:DistEnv) -> dict:
     return dict(num_workers=cfg.num_workers, pin_memory=env.device.type == 'cuda', persistent_workers=cfg.num_workers > 0)
 
+def augment_args(cfg:Config) -> dict:
+    "The config values `augment_batch` (and so `DeviceLoader`) needs, as keyword arguments."
+    return dict(image_size=cfg.image_size, resize_size=cfg.resize_size, hflip=cfg.hflip, channels_last=cfg.channels_last)
+
 def build_eval_loader(cfg:Config, env:DistEnv, test_ds, bs:int):
     "This rank's exact evaluation loader (ShardSampler: every image once, no padding), `bs` images a batch."
     sampler = ShardSampler(len(test_ds), env.world_size, env.rank)
-    if cfg.device_data: return DeviceLoader(test_ds, sampler, bs, cfg, env.device, train=False)
+    if cfg.device_data: return DeviceLoader(test_ds, sampler, bs, env.device, False, **augment_args(cfg))
     return DataLoader(test_ds, batch_size=bs, sampler=sampler, drop_last=False, **_loader_kw(cfg, env))
 
 def build_loaders(cfg:Config, env:DistEnv, train_ds, test_ds):
@@ -157,7 +160,7 @@ def build_loaders(cfg:Config, env:DistEnv, train_ds, test_ds):
         raise ConfigError(f"batch_size={cfg.batch_size} is larger than the {len(train_ds)} training images; lower batch_size")
     train_sampler = DistributedSampler(train_ds, num_replicas=env.world_size, rank=env.rank, shuffle=True,
                                        seed=cfg.seed, drop_last=True)
-    train = (DeviceLoader(train_ds, train_sampler, bs, cfg, env.device, train=True) if cfg.device_data else
+    train = (DeviceLoader(train_ds, train_sampler, bs, env.device, True, **augment_args(cfg)) if cfg.device_data else
              DataLoader(train_ds, batch_size=bs, sampler=train_sampler, drop_last=True, **_loader_kw(cfg, env)))
     return train, build_eval_loader(cfg, env, test_ds, bs)
 
@@ -171,32 +174,33 @@ def _mean_std(device):
     "ImageNet mean and std as (1, 3, 1, 1) tensors on `device`, made once (a host-to-device copy per batch would sync)."
     return (torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1))
 
-def augment_batch(x:torch.Tensor, cfg:Config, train:bool, generator=None) -> torch.Tensor:
+def augment_batch(x:torch.Tensor, train:bool, image_size:int, resize_size:int, hflip:bool=False,
+                  channels_last:bool=False, generator=None) -> torch.Tensor:
     "Batched on-device version of `train_transform` / `test_transform` for uint8 (B, 3, H, W) input."
     x = x.float().div_(255)
     if train:
-        x = F.interpolate(x, size=(cfg.resize_size, cfg.resize_size), mode='bilinear', antialias=True, align_corners=False)
-        B, S, R = x.shape[0], cfg.image_size, cfg.resize_size
+        x = F.interpolate(x, size=(resize_size, resize_size), mode='bilinear', antialias=True, align_corners=False)
+        B, S, R = x.shape[0], image_size, resize_size
         oy = torch.randint(0, R - S + 1, (B,), device=x.device, generator=generator)
         ox = torch.randint(0, R - S + 1, (B,), device=x.device, generator=generator)
         ar = torch.arange(S, device=x.device)
         rows, cols = (oy[:, None] + ar)[:, :, None], (ox[:, None] + ar)[:, None, :]
-        if cfg.hflip:  # flip = read the crop's columns right to left, per image
+        if hflip:  # flip = read the crop's columns right to left, per image
             flip = torch.rand(B, device=x.device, generator=generator) < 0.5
             cols = torch.where(flip[:, None, None], ox[:, None, None] + S - 1 - ar[None, None, :], cols)
         x = x[torch.arange(B, device=x.device)[:, None, None], :, rows, cols].permute(0, 3, 1, 2)  # (B, S, S, C) -> NCHW
-    elif x.shape[-1] != cfg.image_size:
-        x = F.interpolate(x, size=(cfg.image_size, cfg.image_size), mode='bilinear', antialias=True, align_corners=False)
+    elif x.shape[-1] != image_size:
+        x = F.interpolate(x, size=(image_size, image_size), mode='bilinear', antialias=True, align_corners=False)
     mean, std = _mean_std(x.device)
     x = (x - mean) / std
-    return x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x.contiguous()
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x.contiguous()
 
 class DeviceLoader:
     "Batches of (augmented images, labels) gathered from a data set held on `device`, in `sampler`'s order."
-    def __init__(self, ds, sampler, batch_size:int, cfg:Config, device, train:bool):
+    def __init__(self, ds, sampler, batch_size:int, device, train:bool, **augment):  # augment: see augment_args
         x, y = _as_uint8_nchw(ds)
         self.x, self.y = x.to(device), y.to(device)
-        self.sampler, self.batch_size, self.cfg, self.train, self.device = sampler, batch_size, cfg, train, device
+        self.sampler, self.batch_size, self.train, self.device, self.augment = sampler, batch_size, train, device, augment
     def __len__(self):
         n = len(self.sampler)
         return n // self.batch_size if self.train else math.ceil(n / self.batch_size)
@@ -204,4 +208,4 @@ class DeviceLoader:
         idx = torch.as_tensor(list(self.sampler), dtype=torch.long, device=self.device)
         for b in range(len(self)):
             i = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            yield augment_batch(self.x[i], self.cfg, self.train), self.y[i]
+            yield augment_batch(self.x[i], self.train, **self.augment), self.y[i]

@@ -4,20 +4,19 @@
 
 # %% ../nbs/11_doctor.ipynb #c0000003
 from __future__ import annotations
-import argparse, json, os, platform, socket, sys, tempfile, time
+import argparse, json, os, platform, signal, socket, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import setup, teardown, barrier, describe_world
+from .dist import setup, teardown, barrier, describe_world, all_reduce_max, in_notebook
 from .checkpoint import load_checkpoint
-from .bench import BenchError, run_torchrun, run_bench, bench_table, cpu_name, _error_lines
-from .train import _in_ipython
+from .bench import BenchError, run_bench, bench_table, cpu_name
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'environment', 'bus_bandwidth',
-           'allreduce_rows', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config', 'cli',
-           'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
+           'allreduce_rows', 'run_torchrun', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config',
+           'cli', 'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
 
 # %% ../nbs/11_doctor.ipynb #c0000006
 TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK', 'MASTER_ADDR',
@@ -65,10 +64,50 @@ def allreduce_rows(env, sizes, warmup:int=3) -> list:
         for _ in range(iters): dist.all_reduce(x)
         _sync(env.device)
         secs = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=env.device)
-        dist.all_reduce(secs, op=dist.ReduceOp.MAX)
+        all_reduce_max(secs)
         algbw, busbw = bus_bandwidth(nbytes, secs.item(), n)
         rows.append(dict(bytes=nbytes, iters=iters, time_us=secs.item() * 1e6, algbw_gbs=algbw, busbw_gbs=busbw, correct=correct))
     return rows
+
+# %% ../nbs/11_doctor.ipynb #4580cd13
+def _threads_env(nprocs:int) -> dict:
+    "The environment for a launch: on CPU, cores / nprocs OpenMP threads a process unless OMP_NUM_THREADS is set."
+    env = dict(os.environ)
+    if not torch.cuda.is_available() and 'OMP_NUM_THREADS' not in os.environ:
+        env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // nprocs))
+    return env
+
+def _stop(p, grace_s:float=60):
+    "SIGTERM to torchrun, which stops its workers and waits for them; SIGKILL if it has not ended in `grace_s`."
+    try: os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError: pass
+    try: p.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired: p.kill(); p.wait()
+
+def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None, poll_s:float=0.1):
+    "`torchrun --standalone --nproc_per_node=nprocs -m module *args`: (exit code, None if `stop_when()` stopped it; stdout; stderr)."
+    logdir = Path(logdir); logdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nprocs}', '-m', module,
+           *map(str, args)]
+    with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=_threads_env(nprocs), start_new_session=True)
+        t0, code = time.monotonic(), None
+        try:
+            while (code := p.poll()) is None:
+                if stop_when is not None and stop_when(): _stop(p); break
+                if time.monotonic() - t0 > timeout_s:
+                    _stop(p)
+                    raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank "
+                                     f"stuck in a collective")
+                time.sleep(poll_s)
+        except BaseException: _stop(p); raise
+    return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
+
+def _error_lines(stderr:str, prefix:str) -> str:
+    "The first line that starts with the program's error `prefix`, or the end of stderr."
+    ours = [l for l in stderr.splitlines() if prefix in l]
+    if ours: return ours[0].split(prefix, 1)[1]
+    return '\n'.join(l for l in stderr.splitlines() if l.strip())[-2000:] or 'no message on stderr'
 
 # %% ../nbs/11_doctor.ipynb #c000000f
 def allreduce_worker(out:str, sizes:list):
@@ -270,4 +309,4 @@ def main(argv=None):
         if not c['ok']: print(f"cifar_ddp_doctor: check '{c['name']}' failed: {c['detail']}", file=sys.stderr, flush=True)
     if not report['ok']: sys.exit(1)
 
-if __name__ == '__main__' and not _in_ipython(): main()
+if __name__ == '__main__' and not in_notebook(): main()

@@ -6,10 +6,10 @@
 from __future__ import annotations
 import torch
 import torch.nn.functional as F
-from .dist import DistEnv, all_reduce_sum, autocast
+from .dist import all_reduce_sum
 
 # %% auto #0
-__all__ = ['SumMetric', 'evaluate', 'demo_exact_eval']
+__all__ = ['AMP_DTYPES', 'SumMetric', 'evaluate']
 
 # %% ../nbs/03_metrics.ipynb #22abded3
 class SumMetric:
@@ -25,6 +25,9 @@ class SumMetric:
         loss_sum, correct, count = all_reduce_sum(self.sums.clone()).tolist()
         return dict(loss=loss_sum / max(count, 1), acc=correct / max(count, 1), correct=int(correct), count=int(count))
 
+# %% ../nbs/03_metrics.ipynb #f32cbb4a
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}  # the dtype autocast uses for each `amp`; none: fp32
+
 # %% ../nbs/03_metrics.ipynb #8a26d234
 @torch.no_grad()
 def evaluate(model:torch.nn.Module, loader, device, amp:str='none', channels_last:bool=False) -> dict:
@@ -35,19 +38,8 @@ def evaluate(model:torch.nn.Module, loader, device, amp:str='none', channels_las
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if channels_last: x = x.contiguous(memory_format=torch.channels_last)
-        with autocast(device, amp): logits = model(x)
+        with torch.autocast(torch.device(device).type, dtype=AMP_DTYPES.get(amp), enabled=amp != 'none'):
+            logits = model(x)
         meter.update(F.cross_entropy(logits.float(), y, reduction='sum'), logits, y)
     model.train(was_training)
     return meter.reduce()
-
-# %% ../nbs/03_metrics.ipynb #9f1b71ff
-def demo_exact_eval(env:DistEnv, n:int=101):
-    "Evaluate a fixed random linear model on `n` fixed random images, sharded over this job's ranks."
-    from cifar_ddp_tut.data import ShardSampler
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 3, 4, 4, generator=g), torch.randint(0, 10, (n,), generator=g)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 10))
-    torch.nn.init.normal_(model[1].weight, generator=g); torch.nn.init.zeros_(model[1].bias)
-    ds = torch.utils.data.TensorDataset(x, y)
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, sampler=ShardSampler(n, env.world_size, env.rank))
-    return evaluate(model, loader, env.device)

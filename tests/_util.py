@@ -1,7 +1,7 @@
 "Helpers for tests that run the real program under torchrun."
 import json, os, subprocess, sys, time
 from pathlib import Path
-from cifar_ddp_tut.bench import _child_pids, _descendants
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT/'config'/'cpu_quickstart.yaml'
@@ -40,8 +40,9 @@ def start_torchrun(nproc, *args, log_dir, launcher_args=(), extra_env=None, stan
 
 
 def children(pid):
-    "Pids of the direct children of `pid` (from /proc)."
-    return sorted(_child_pids().get(pid, []))
+    "Pids of the direct children of `pid`."
+    try: return sorted(c.pid for c in psutil.Process(pid).children())
+    except psutil.NoSuchProcess: return []
 
 
 def wait_for(cond, timeout, what, poll=0.2):
@@ -64,7 +65,9 @@ def snapshot_value(save_dir, key='epochs_run'):
 
 def kill_tree(pid, sig=9):
     "Send `sig` to `pid` and all its descendants (torchrun's workers live in sessions of their own)."
-    for p in [pid, *_descendants(pid)]:
+    try: below = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess: below = []
+    for p in [pid, *below]:
         try: os.kill(p, sig)
         except ProcessLookupError: pass
 

@@ -1,8 +1,8 @@
 "The pitfalls of nbs/10_pitfalls.ipynb, each held on real gloo processes: the wrong way shows its damage, the fix removes it."
 import time
 import pytest
-from cifar_ddp_tut.dist import launch
-from cifar_ddp_tut.pitfalls import (demo_set_epoch, demo_padded_eval, demo_rank0_only_collective, demo_download,
+from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.pitfalls import (demo_set_epoch, demo_padded_eval, demo_rank0_only_collective, demo_download,
                                     demo_rank_vs_local_rank, demo_save_every_rank, demo_module_prefix, run_many)
 
 NAMES = ('set_epoch', 'padded_eval', 'rank_vs_local_rank', 'download', 'save', 'prefix')

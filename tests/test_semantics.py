@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 import torch
 from _util import QUICKSTART, ROOT, torchrun
-from cifar_ddp_tut.dist import DistEnv, launch
-from cifar_ddp_tut.semantics import ddp_checks, sampler_shards, checkpoint_roundtrip, train_steps, tiny_config
+from cifar_ddp_tut.dist import DistEnv
+from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.semantics import ddp_checks, checkpoint_roundtrip, train_steps, tiny_config
+from cifar_ddp_tut.lessons.pitfalls import demo_set_epoch
 from cifar_ddp_tut.checkpoint import save_atomic, load_checkpoint, load_model_state
 from cifar_ddp_tut.model import build_model
 
@@ -85,8 +87,8 @@ def test_sampler_shards_disjoint_cover_and_reshuffle():
                 shards.append(list(s))
             assert sorted(sum(shards, [])) == list(range(48))
     # with real processes
-    res = launch(sampler_shards, 3, 48)
-    with_set, without = [r[0] for r in res], [r[1] for r in res]
+    res = launch(demo_set_epoch, 3, 48)
+    with_set, without = [r['fixed'] for r in res], [r['wrong'] for r in res]
     for e in range(3):
         assert sorted(sum((with_set[r][e] for r in range(3)), [])) == list(range(48))
     assert len({tuple(with_set[0][e]) for e in range(3)}) == 3  # a new order every epoch

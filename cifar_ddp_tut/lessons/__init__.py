@@ -1,0 +1,1 @@
+"Exhibits for the notebooks (pitfalls, proofs, demos, launch helpers), never imported by the program."
