@@ -24,6 +24,14 @@ def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=()):
     return p, time.monotonic() - t0
 
 
+def run_module(module, *args, timeout=300):
+    "Run `python -m module *args` from the repository, one thread a process; (CompletedProcess, seconds)."
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, '-m', module, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                       env=_env(None), cwd=ROOT)
+    return p, time.monotonic() - t0
+
+
 def read_metrics(save_dir):
     return [json.loads(l) for l in (Path(save_dir)/'metrics.jsonl').read_text().splitlines()]
 

@@ -1,7 +1,7 @@
 "The benchmark command end to end on CPU, the fast config file, and the accuracy check: the fast recipe learns as well as the original."
 import json, os, subprocess, sys, time
 import pytest
-from _util import QUICKSTART, ROOT, read_metrics, torchrun
+from _util import QUICKSTART, ROOT, read_metrics, run_module, torchrun
 from cifar_ddp_tut.bench import RECIPES, bench_config
 from cifar_ddp_tut.config import config_dict, load_config
 
@@ -12,10 +12,7 @@ FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s'
 
 def bench(*args, timeout=240):
     "Run `python -m cifar_ddp_tut.bench *args`; (CompletedProcess, seconds)."
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, '-m', 'cifar_ddp_tut.bench', *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # shared cores: 1 thread a process
-    return p, time.monotonic() - t0
+    return run_module('cifar_ddp_tut.bench', *args, timeout=timeout)
 
 
 def test_bench_cpu_both_recipes(tmp_path):

@@ -1,6 +1,6 @@
 "The doctor command end to end on CPU: 2 gloo processes, every check, its JSON, its table and its exit codes."
 import json, os, subprocess, sys, time
-from _util import ROOT
+from _util import ROOT, run_module
 
 CHECKS = ['environment', 'all-reduce: correct sums', 'run: stopped after the first snapshot', 'run: resume is continuous',
           'run: logged val = eval of snapshot.pt', 'run: logged val = eval of best.pt', 'benchmark: original and fast recipes']
@@ -8,10 +8,7 @@ CHECKS = ['environment', 'all-reduce: correct sums', 'run: stopped after the fir
 
 def doctor(*args, timeout=300):
     "Run `python -m cifar_ddp_tut.doctor *args`; (CompletedProcess, seconds)."
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, '-m', 'cifar_ddp_tut.doctor', *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # shared cores: 1 thread a process
-    return p, time.monotonic() - t0
+    return run_module('cifar_ddp_tut.doctor', *args, timeout=timeout)
 
 
 def test_doctor_cpu(tmp_path):
