@@ -433,4 +433,5 @@ d = { 'settings': { 'branch': 'main',
                                      'cifar_ddp_tut.train.plot_history': ('train.html#plot_history', 'cifar_ddp_tut/train.py'),
                                      'cifar_ddp_tut.train.run': ('train.html#run', 'cifar_ddp_tut/train.py'),
                                      'cifar_ddp_tut.train.run_eval': ('train.html#run_eval', 'cifar_ddp_tut/train.py'),
-                                     'cifar_ddp_tut.train.set_kernel_flags': ('train.html#set_kernel_flags', 'cifar_ddp_tut/train.py')}}}
+                                     'cifar_ddp_tut.train.set_kernel_flags': ('train.html#set_kernel_flags', 'cifar_ddp_tut/train.py'),
+                                     'cifar_ddp_tut.train.write_output': ('train.html#write_output', 'cifar_ddp_tut/train.py')}}}

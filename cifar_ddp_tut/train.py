@@ -23,8 +23,8 @@ from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unw
                                       gather_rng_states, set_rng_state)
 
 # %% auto #0
-__all__ = ['peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'micro_batches_per_epoch', 'Trainer',
-           'set_kernel_flags', 'build_trainer', 'run', 'run_eval', 'main']
+__all__ = ['peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'write_output', 'micro_batches_per_epoch',
+           'Trainer', 'set_kernel_flags', 'build_trainer', 'run', 'run_eval', 'main']
 
 # %% ../nbs/06_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
@@ -55,6 +55,11 @@ class TrainingDiverged(RuntimeError):
 
 class OutputError(RuntimeError):
     "A file in save_dir could not be written; the previous file of that name is kept."
+
+def write_output(path, write, fix:str):
+    "`write_atomic(path, write)`; an OSError (disk full, permissions) becomes one `OutputError` ending in `fix`."
+    try: write_atomic(path, write)
+    except OSError as e: raise OutputError(f"could not write {str(path)!r} ({e.strerror or e}); {fix}") from None
 
 def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
     "Micro-batches trained per epoch of a loader's `n_batches`: max_steps_per_epoch caps it; whole steps only."
@@ -142,11 +147,10 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
             if sync:
                 self.optimizer_step()
                 self.batches_done = i + 1
-                if self.step % cfg.log_every == 0: self.check_finite(epoch)  # every rank, at the same step
-                if (cfg.snapshot_every and self.step % cfg.snapshot_every == 0
-                        and self.batches_done < self.steps_per_epoch):
-                    self.check_finite(epoch)
-                    self.save_snapshot(epoch_done=False, epoch=epoch)
+                snap = (cfg.snapshot_every and self.step % cfg.snapshot_every == 0
+                        and self.batches_done < self.steps_per_epoch)
+                if snap or self.step % cfg.log_every == 0: self.check_finite(epoch)  # every rank, same step
+                if snap: self.save_snapshot(epoch_done=False, epoch=epoch)
             bar.update(1)
             if self.env.is_main and (i + 1) % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}", lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
@@ -171,12 +175,9 @@ def evaluate(self:Trainer) -> dict:
 # %% ../nbs/06_train.ipynb #631d9a0b
 @patch
 def _write(self:Trainer, name:str, write):
-    "Rank 0 writes save_dir/name atomically; an OSError (disk full, permissions) becomes one OutputError."
-    try: write_atomic(self.save_dir/name, write)
-    except OSError as e:
-        raise OutputError(f"could not write {str(self.save_dir/name)!r} ({e.strerror or e}); the previous {name} and "
-                          f"snapshot.pt are kept; free space or fix the permissions of save_dir, then run the same "
-                          f"command again to resume") from None
+    "Rank 0 writes save_dir/name atomically; a failure names the file and what was kept."
+    write_output(self.save_dir/name, write, f"the previous {name} and snapshot.pt are kept; free space or fix the "
+                 f"permissions of save_dir, then run the same command again to resume")
 
 @patch
 def save_snapshot(self:Trainer, epoch_done:bool, epoch:int):
@@ -337,9 +338,7 @@ def run_eval(cfg:Config, env:DistEnv) -> dict:
     res.update(checkpoint=str(cfg.checkpoint), world_size=env.world_size)
     if env.is_main:
         text = json.dumps(res, indent=1) + '\n'
-        try: write_atomic(Path(cfg.save_dir)/'eval.json', lambda f: f.write(text.encode()))
-        except OSError as e: raise OutputError(f"could not write {str(Path(cfg.save_dir)/'eval.json')!r} ({e.strerror or e}); "
-                                               f"choose a save_dir you can write to") from None
+        write_output(Path(cfg.save_dir)/'eval.json', lambda f: f.write(text.encode()), "choose a save_dir you can write to")
         print(f"eval {cfg.checkpoint}: {res['count']} images, {res['correct']} correct, acc {res['acc']:.4f}, loss {res['loss']:.4f}", flush=True)
     return res
 
