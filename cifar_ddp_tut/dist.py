@@ -43,18 +43,23 @@ def env_ranks(environ=None) -> dict:
     e = os.environ if environ is None else environ
     if 'WORLD_SIZE' not in e: return dict(rank=0, local_rank=0, world_size=1, local_world_size=1)
     missing = [k for k in ('RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT') if k not in e]
-    if missing: raise WorldError(f"WORLD_SIZE is set but {', '.join(missing)} not; launch with torchrun, which sets them all")
-    try: r = dict(rank=int(e['RANK']), local_rank=int(e['LOCAL_RANK']), world_size=int(e['WORLD_SIZE']),
+    if missing: raise WorldError(
+        f"WORLD_SIZE is set but {', '.join(missing)} not; launch with torchrun, which sets all")
+    try: r = dict(rank=int(e['RANK']), local_rank=int(e['LOCAL_RANK']),
+                  world_size=int(e['WORLD_SIZE']),
                   local_world_size=int(e.get('LOCAL_WORLD_SIZE', e['WORLD_SIZE'])))
-    except ValueError as err: raise WorldError(f"torchrun variables must be integers: {err}") from None
-    if not 0 <= r['rank'] < r['world_size']: raise WorldError(f"RANK={r['rank']} is outside 0..WORLD_SIZE-1={r['world_size']-1}")
+    except ValueError as err: raise WorldError(
+        f"torchrun variables must be integers: {err}") from None
+    if not 0 <= r['rank'] < r['world_size']: raise WorldError(
+        f"RANK={r['rank']} is outside 0..WORLD_SIZE-1={r['world_size']-1}")
     return r
 
 # %% ../nbs/01_dist.ipynb #bee465f4
 def pick_device(local_rank:int, backend:str='auto'):
-    "(device, backend) for this process: cuda:LOCAL_RANK with nccl when CUDA is there, else cpu with gloo."
+    "(device, backend) of this process: cuda:LOCAL_RANK with nccl if CUDA is there, else cpu, gloo."
     if backend == 'nccl' and not torch.cuda.is_available():
-        raise WorldError("backend=nccl needs CUDA GPUs but none is visible; use backend: gloo (or auto) on CPU")
+        raise WorldError(
+            "backend=nccl needs CUDA GPUs but none is visible; use backend: gloo (or auto) on CPU")
     if torch.cuda.is_available() and backend != 'gloo':
         n = torch.cuda.device_count()
         if local_rank >= n:
@@ -65,7 +70,7 @@ def pick_device(local_rank:int, backend:str='auto'):
 
 # %% ../nbs/01_dist.ipynb #b7d1e3a9
 class ConnectFailed(WorldError):
-    "This rank could not join the process group within timeout_s; the message says where and what to check."
+    "Could not join the process group within timeout_s; the message says where and what to check."
 
 _NS = 'cifar_ddp_tut/'  # our keys, in a store that torchrun and earlier attempts may share
 _attempt = None
@@ -86,7 +91,8 @@ def _agree_on_attempt(store, rank:int, world_size:int, deadline:float) -> str:
     keys = [f'{_NS}hello/{r}' for r in range(1, world_size)]
     if keys: store.wait(keys)
     while (n := store.add(f'{_NS}{token}/joined', 0)) < world_size - 1:
-        if time.monotonic() > deadline: raise TimeoutError(f"{n} of {world_size - 1} other ranks checked in")
+        if time.monotonic() > deadline: raise TimeoutError(
+            f"{n} of {world_size - 1} other ranks checked in")
         for k, v in zip(keys, store.multi_get(keys)):
             if answered.get(k) != v: store.set(f'{_NS}ack/{v.decode()}', token); answered[k] = v
         time.sleep(0.02)
@@ -94,22 +100,26 @@ def _agree_on_attempt(store, rank:int, world_size:int, deadline:float) -> str:
 
 # %% ../nbs/01_dist.ipynb #a2c4e6f8
 def _all_pairs(device, rank:int, world_size:int):
-    "One all-to-all: every rank sends its rank to every other, so every pair of processes has talked."
+    "One all-to-all: every rank sends its rank to every other, so every pair of processes talked."
     t = torch.full((world_size,), float(rank), device=device); got = torch.empty_like(t)
     dist.all_to_all_single(got, t)
-    if got.tolist() != list(map(float, range(world_size))): raise WorldError(f"all-to-all gave {got.tolist()}")
+    if got.tolist() != list(map(float, range(world_size))): raise WorldError(
+        f"all-to-all gave {got.tolist()}")
 
 # %% ../nbs/01_dist.ipynb #7ab1805a
 def _connect(be:str, rank:int, world_size:int, device, timeout_s:float):
-    "Store, this attempt's namespace, process group, a message between every pair: within timeout_s."
+    "Store, this attempt's namespace, process group, a message between each pair: in timeout_s."
     global _attempt
-    addr, deadline = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", time.monotonic() + timeout_s
+    addr = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    deadline = time.monotonic() + timeout_s
     step = [f"connecting to the TCP store at {addr}"]
-    why = lambda: (f"could not join the process group within timeout_s={timeout_s:g} s while {step[0]}; "
-                   f"check that all {world_size} processes started and can reach {addr} and each other, "
-                   "or raise timeout_s")
+    why = lambda: (
+        f"could not join the process group within timeout_s={timeout_s:g} s while {step[0]}; "
+        f"check that all {world_size} processes started and can reach {addr} and each other, "
+        "or raise timeout_s")
     def give_up():  # the last resort, for a C++ call that does not return
-        print(f"cifar_ddp_tut: error: [rank {rank}] {why()} (stuck in C++, exiting)", file=sys.stderr, flush=True)
+        print(f"cifar_ddp_tut: error: [rank {rank}] {why()} (stuck in C++, exiting)",
+              file=sys.stderr, flush=True)
         os._exit(1)
     dog = threading.Timer(timeout_s + 5, give_up); dog.daemon = True; dog.start()
     left = lambda: datetime.timedelta(seconds=max(0.1, deadline - time.monotonic()))
@@ -121,7 +131,8 @@ def _connect(be:str, rank:int, world_size:int, device, timeout_s:float):
         step[0] = "creating the process group"
         store.set_timeout(datetime.timedelta(seconds=timeout_s))
         dist.init_process_group(be, store=dist.PrefixStore(f'{_NS}{_attempt}/', store), rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s),
                                 **(dict(device_id=device) if device.type == 'cuda' else {}))
         step[0] = "exchanging a first message with every other rank"
         _all_pairs(device, rank, world_size)
@@ -132,7 +143,7 @@ def _connect(be:str, rank:int, world_size:int, device, timeout_s:float):
 
 # %% ../nbs/01_dist.ipynb #d4a8b6c1
 def setup(backend:str='auto', timeout_s:float=300.0) -> DistEnv:
-    "Read torchrun's variables, pick this rank's device, start the process group (if launched by torchrun)."
+    "Read torchrun's variables, pick this rank's device, start the process group (under torchrun)."
     r = env_ranks()
     device, be = pick_device(r['local_rank'], backend)
     if device.type == 'cuda': torch.cuda.set_device(device)
@@ -172,7 +183,9 @@ def describe_world(env:DistEnv) -> str:
     if dist.is_initialized():
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, me)
-    return ', '.join(f"rank {w['rank']} = node {w['node']} local {w['local']} ({w['device']}, pid {w['pid']})" for w in everyone)
+    return ', '.join(
+        f"rank {w['rank']} = node {w['node']} local {w['local']} ({w['device']}, pid {w['pid']})"
+                     for w in everyone)
 
 # %% ../nbs/01_dist.ipynb #d7007868
 def _wave_check(env, failed:bool, what:str):
@@ -184,7 +197,7 @@ def _wave_check(env, failed:bool, what:str):
         raise PeerFailed(f"another rank failed while {what}; its message is above")
 
 def in_order(fn, env:DistEnv, what:str='preparing data'):
-    "Run `fn()` on global rank 0, then on each node's local rank 0, then on the rest; a failure anywhere stops all."
+    "Run `fn()` on rank 0, then on each node's local rank 0, then the rest; a failure stops all."
     waves = [env.rank == 0, env.rank != 0 and env.local_rank == 0, env.local_rank != 0]
     result = None
     for mine in waves:

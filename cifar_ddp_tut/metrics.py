@@ -13,24 +13,28 @@ __all__ = ['AMP_DTYPES', 'SumMetric', 'evaluate']
 
 # %% ../nbs/03_metrics.ipynb #22abded3
 class SumMetric:
-    "Running (loss sum, correct, count) on the device; `reduce` adds them over ranks and divides once."
+    "Running (loss sum, correct, count) on the device; `reduce` sums them over ranks, divides once."
     def __init__(self, device): self.sums = torch.zeros(3, dtype=torch.float64, device=device)
     def update(self, loss_sum:torch.Tensor, logits:torch.Tensor, y:torch.Tensor):
         "Add a batch: `loss_sum` is the loss summed over its samples."
-        self.sums[0] += loss_sum.detach().double()  # device-side adds only: no host sync on the hot path
+        # device-side adds only: no host sync on the hot path
+        self.sums[0] += loss_sum.detach().double()
         self.sums[1] += (logits.argmax(dim=1) == y).sum()
         self.sums[2] += y.numel()
     def reduce(self) -> dict:
         "Totals over all ranks: loss (mean per sample), acc, correct, count. One host sync."
         loss_sum, correct, count = all_reduce_sum(self.sums.clone()).tolist()
-        return dict(loss=loss_sum / max(count, 1), acc=correct / max(count, 1), correct=int(correct), count=int(count))
+        return dict(loss=loss_sum / max(count, 1), acc=correct / max(count, 1),
+                    correct=int(correct), count=int(count))
 
 # %% ../nbs/03_metrics.ipynb #f32cbb4a
-AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}  # the dtype autocast uses for each `amp`; none: fp32
+# the dtype autocast uses for each `amp`; none: fp32
+AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 # %% ../nbs/03_metrics.ipynb #8a26d234
 @torch.no_grad()
-def evaluate(model:torch.nn.Module, loader, device, amp:str='none', channels_last:bool=False) -> dict:
+def evaluate(model:torch.nn.Module, loader, device, amp:str='none',
+             channels_last:bool=False) -> dict:
     "Exact loss and accuracy of `model` (not DDP-wrapped) over all ranks' shards of `loader`."
     was_training = model.training
     model.eval()
@@ -38,7 +42,8 @@ def evaluate(model:torch.nn.Module, loader, device, amp:str='none', channels_las
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if channels_last: x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(torch.device(device).type, dtype=AMP_DTYPES.get(amp), enabled=amp != 'none'):
+        with torch.autocast(torch.device(device).type, dtype=AMP_DTYPES.get(amp),
+                            enabled=amp != 'none'):
             logits = model(x)
         meter.update(F.cross_entropy(logits.float(), y, reduction='sum'), logits, y)
     model.train(was_training)

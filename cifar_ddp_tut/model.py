@@ -21,66 +21,77 @@ class ModelError(RuntimeError):
     "The model or its weights cannot be built or loaded; the message says what to do."
 
 # %% ../nbs/04_model.ipynb #2e87b343
-def _replace_head(m:nn.Module, num_classes:int, name:str):
-    if isinstance(getattr(m, 'fc', None), nn.Linear): m.fc = nn.Linear(m.fc.in_features, num_classes); return
-    cls = getattr(m, 'classifier', None)
-    if isinstance(cls, nn.Sequential) and isinstance(cls[-1], nn.Linear): cls[-1] = nn.Linear(cls[-1].in_features, num_classes); return
-    if isinstance(cls, nn.Linear): m.classifier = nn.Linear(cls.in_features, num_classes); return
-    heads = getattr(m, 'heads', None)
-    if heads is not None and isinstance(getattr(heads, 'head', None), nn.Linear): heads.head = nn.Linear(heads.head.in_features, num_classes); return
-    raise ConfigError(f"model={name!r} has a classifier head this project does not know how to replace; use a resnet or another model with .fc or .classifier")
-
 def build_model(cfg:Config) -> nn.Module:
-    "The torchvision model `cfg.model` with a `cfg.num_classes` head, from ImageNet weights if `cfg.pretrained`."
+    "Torchvision's `cfg.model` with a `cfg.num_classes` head; ImageNet weights if `cfg.pretrained`."
     names = torchvision.models.list_models(module=torchvision.models)
     if cfg.model not in names:
         import difflib
         near = difflib.get_close_matches(cfg.model, names, n=1)
-        raise ConfigError(f"model={cfg.model!r} is not a torchvision classification model" + (f"; did you mean {near[0]!r}?" if near else "; try resnet50 or resnet18"))
+        hint = f"; did you mean {near[0]!r}?" if near else "; try resnet50 or resnet18"
+        raise ConfigError(f"model={cfg.model!r} is not a torchvision classification model{hint}")
     weights = torchvision.models.get_model_weights(cfg.model).DEFAULT if cfg.pretrained else None
     try: m = torchvision.models.get_model(cfg.model, weights=weights)
-    except (OSError, RuntimeError) as e:
-        cache = Path(torch.hub.get_dir())/'checkpoints'/Path(weights.url).name
-        raise ModelError(f"ImageNet weights for {cfg.model} are not in {cache} and could not be downloaded ({type(e).__name__}: {e}); "
-                         f"copy {Path(weights.url).name} there (TORCH_HOME sets the folder: $TORCH_HOME/hub/checkpoints), "
-                         f"or set pretrained: false to train from scratch") from None
+    except (OSError, RuntimeError) as e: raise _weights_error(cfg, weights, e) from None
     if cfg.cifar_stem:
         if not isinstance(getattr(m, 'conv1', None), nn.Conv2d):
-            raise ConfigError(f"cifar_stem=true works on ResNets only, not model={cfg.model!r}; set cifar_stem: false")
+            raise ConfigError(f"cifar_stem=true works on ResNets only, not model={cfg.model!r}; "
+                              f"set cifar_stem: false")
         m.conv1 = nn.Conv2d(3, m.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
         m.maxpool = nn.Identity()
     _replace_head(m, cfg.num_classes, cfg.model)
     return m
 
+# %% ../nbs/04_model.ipynb #2ee6ebec
+def _replace_head(m:nn.Module, num_classes:int, name:str):
+    new = lambda old: nn.Linear(old.in_features, num_classes)
+    cls, heads = getattr(m, 'classifier', None), getattr(m, 'heads', None)
+    if isinstance(getattr(m, 'fc', None), nn.Linear): m.fc = new(m.fc)
+    elif isinstance(cls, nn.Sequential) and isinstance(cls[-1], nn.Linear): cls[-1] = new(cls[-1])
+    elif isinstance(cls, nn.Linear): m.classifier = new(cls)
+    elif isinstance(getattr(heads, 'head', None), nn.Linear): heads.head = new(heads.head)
+    else: raise ConfigError(f"model={name!r} has a classifier head this project does not know how "
+                            f"to replace; use a resnet or another model with .fc or .classifier")
+
+def _weights_error(cfg:Config, weights, e:Exception) -> ModelError:
+    file = Path(weights.url).name
+    cache = Path(torch.hub.get_dir())/'checkpoints'/file
+    return ModelError(f"ImageNet weights for {cfg.model} are not in {cache} and could not be "
+                      f"downloaded ({type(e).__name__}: {e}); copy {file} there (TORCH_HOME sets "
+                      f"the folder: $TORCH_HOME/hub/checkpoints), or set pretrained: false to "
+                      f"train from scratch")
+
 # %% ../nbs/04_model.ipynb #9a1dcc56
 def prepare_model(model:nn.Module, cfg:Config, env:DistEnv) -> tuple[nn.Module, nn.Module]:
-    "(training model, bare model): moved to the device, channels_last, SyncBatchNorm, DDP and compile as configured."
+    "(training model, bare model): on the device, with channels_last, SyncBatchNorm, DDP, compile."
     if cfg.sync_bn:
         if env.device.type != 'cuda':
-            raise ConfigError("sync_bn=true needs CUDA GPUs (PyTorch's SyncBatchNorm runs only on GPU with NCCL); set sync_bn: false on CPU")
+            raise ConfigError("sync_bn=true needs CUDA GPUs (PyTorch's SyncBatchNorm runs on "
+                              "accelerators, not on the CPU); set sync_bn: false on CPU")
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(env.device)
     if cfg.channels_last: model = model.to(memory_format=torch.channels_last)
     bare, train_model = model, model
     if env.is_distributed:
-        train_model = DDP(model, device_ids=[env.device.index] if env.device.type == 'cuda' else None,
-                          gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph)
+        ids = [env.device.index] if env.device.type == 'cuda' else None
+        train_model = DDP(model, device_ids=ids, gradient_as_bucket_view=True,
+                          bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph)
     if cfg.compile: train_model = torch.compile(train_model)
     return train_model, bare
 
 def no_sync(model:nn.Module, skip:bool):
-    "DDP's `no_sync()` (skip the gradient all-reduce for this backward) when `skip` and the model is DDP."
+    "DDP's `no_sync()` (no gradient all-reduce in this backward) when `skip` and the model is DDP."
     inner = getattr(model, '_orig_mod', model)  # a compiled DDP model
     return inner.no_sync() if skip and isinstance(inner, DDP) else contextlib.nullcontext()
 
 # %% ../nbs/04_model.ipynb #438ccbcd
 @torch.no_grad()
 def min_batchnorm_values(model:nn.Module, image_size:int) -> int|None:
-    "Fewest values per channel any BatchNorm layer sees for ONE image of `image_size` px (None: no BatchNorm)."
+    "Fewest values per channel a BatchNorm layer sees for ONE `image_size` px image (None: no BN)."
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not bns: return None
     seen = []
-    hooks = [m.register_forward_pre_hook(lambda m, a: seen.append(a[0].numel() // a[0].shape[1])) for m in bns]
+    hooks = [m.register_forward_pre_hook(lambda m, a: seen.append(a[0].numel() // a[0].shape[1]))
+             for m in bns]
     was = model.training
     model.eval()  # eval mode: running statistics are read, not updated
     try: model(torch.zeros(1, 3, image_size, image_size, device=next(model.parameters()).device))
@@ -93,10 +104,13 @@ def min_batchnorm_values(model:nn.Module, image_size:int) -> int|None:
 def build_optimizer(model:nn.Module, cfg:Config, env:DistEnv):
     "SGD over `model`'s parameters, fused when asked and on CUDA."
     fused = cfg.fused_optimizer and env.device.type == 'cuda'
-    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+    return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay,
                            **(dict(fused=True) if fused else dict(foreach=True)))
 
 def build_scheduler(optimizer, cfg:Config, total_steps:int):
-    "Linear warmup for `warmup_steps`, then cosine decay to 0 at `total_steps` (transformers' schedule)."
+    "Linear warmup for `warmup_steps`, then cosine decay to 0 at `total_steps` (transformers')."
     from transformers import get_cosine_schedule_with_warmup
-    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=min(cfg.warmup_steps, total_steps), num_training_steps=total_steps)
+    warmup = min(cfg.warmup_steps, total_steps)
+    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=warmup,
+                                           num_training_steps=total_steps)

@@ -4,7 +4,8 @@
 
 # %% ../../nbs/12_atlas.ipynb #7b083c3b
 from __future__ import annotations
-import argparse, datetime, faulthandler, json, logging, os, re, signal, subprocess, sys, textwrap, time, uuid
+import argparse, datetime, faulthandler, json, logging, os, re, signal, subprocess, sys, textwrap
+import time, uuid
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -36,7 +37,8 @@ def group_with(timeout_s:float=3.0,  # collectives on this group fail after this
 
 def show(text:str, width:int=100):
     "Print `text` wrapped to `width` columns, keeping its own line breaks."
-    for line in str(text).splitlines(): print(textwrap.fill(line, width, subsequent_indent='    ') if line else '')
+    for line in str(text).splitlines():
+        print(textwrap.fill(line, width, subsequent_indent='    ') if line else '')
 
 # %% ../../nbs/12_atlas.ipynb #344a6333
 def mismatched(env:DistEnv, group) -> str:
@@ -93,13 +95,14 @@ def load_next_batch(seconds:float):
     time.sleep(seconds)
 
 def job_main(argv=None):
-    "What `job.py` runs under torchrun: argparse like a real script, one all-reduce, `--hang` on rank 1."
+    "What `job.py` runs under torchrun: argparse as in a real script, one all-reduce, `--hang`."
     global _dump_file
     p = argparse.ArgumentParser(prog='job.py'); p.add_argument('--hang', action='store_true')
     args = p.parse_args(argv)
     local_rank = int(os.environ['LOCAL_RANK'])  # torchrun sets it; no --local-rank argument
     if os.environ.get('ATLAS_DUMP_DIR'):  # `kill -USR1 <pid>` prints this process's Python stack
-        _dump_file = open(Path(os.environ['ATLAS_DUMP_DIR'])/f"stack-rank{os.environ['RANK']}.txt", 'w')
+        name = f"stack-rank{os.environ['RANK']}.txt"
+        _dump_file = open(Path(os.environ['ATLAS_DUMP_DIR'])/name, 'w')
         faulthandler.register(signal.SIGUSR1, file=_dump_file)
     dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
@@ -122,7 +125,8 @@ def _kill_all(p, pids):
 
 def worker_pids(out:str) -> dict:
     "{rank: pid} from the lines `job_main` prints."
-    return {int(r): int(pid) for r, pid in re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)}
+    found = re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)
+    return {int(r): int(pid) for r, pid in found}
 
 def run_job(args:list, timeout_s:float=60, env:dict|None=None, launcher:str='torch.distributed.run',
             on_start=None) -> dict:
@@ -144,12 +148,13 @@ def no_pids(text:str) -> str:
 
 def error_lines(text:str, n:int=2) -> str:
     "The last `n` lines that name an error: what a learner pastes into a search box."
-    hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:', l) and 'frame #' not in l]
+    hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:', l)
+            and 'frame #' not in l]
     return '\n'.join(hits[-n:])
 
 # %% ../../nbs/12_atlas.ipynb #888e8066
 def dump_stacks(folder, nproc:int=2, wait_s:float=2.0, timeout_s:float=60) -> dict:
-    "Start a hanging torchrun job, send SIGUSR1 to every rank, return each rank's stack; stop the job."
+    "Start a hanging torchrun job, SIGUSR1 every rank, return each rank's stack; stop the job."
     folder = Path(folder); script = write_job(folder)
     def signal_ranks(p):
         lines, deadline = '', time.monotonic() + timeout_s
@@ -170,22 +175,26 @@ class Tower(nn.Module):
     "An input layer, then one block applied twice (shared weights), optionally checkpointed."
     def __init__(self, use_reentrant:bool|None):  # None: no checkpointing
         super().__init__()
-        self.inp, self.block, self.head, self.use_reentrant = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1), use_reentrant
+        self.inp, self.block, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+        self.use_reentrant = use_reentrant
     def _block(self, x): return torch.tanh(self.block(x))
     def forward(self, x):
         x = self.inp(x)
         for _ in range(2):
-            x = self._block(x) if self.use_reentrant is None else checkpoint(self._block, x, use_reentrant=self.use_reentrant)
+            if self.use_reentrant is None: x = self._block(x)
+            else: x = checkpoint(self._block, x, use_reentrant=self.use_reentrant)
         return self.head(x)
 
 def train_tower(env:DistEnv, use_reentrant:bool|None, steps:int=3, **ddp_kw) -> str:
     "`steps` SGD steps of a DDP `Tower`; the first error, or the sum of the trained weights."
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Tower(use_reentrant), process_group=group_with(3.0), **ddp_kw)
+    model = nn.parallel.DistributedDataParallel(Tower(use_reentrant),
+                                                process_group=group_with(3.0), **ddp_kw)
     opt, gen = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(env.rank)
     try:
         for _ in range(steps):
-            model(torch.randn(8, 4, generator=gen)).pow(2).mean().backward(); opt.step(); opt.zero_grad()
+            model(torch.randn(8, 4, generator=gen)).pow(2).mean().backward()
+            opt.step(); opt.zero_grad()
     except RuntimeError as e: return str(e)
     return f"ok, weights sum to {sum(p.sum() for p in model.parameters()).item():.6f}"
 
@@ -197,28 +206,32 @@ def demo_mark_twice(env:DistEnv) -> dict:
                 no_checkpoint=train_tower(env, None))
 
 # %% ../../nbs/12_atlas.ipynb #22025395
-def nan_steps(env:DistEnv, decide_together:bool, steps:int=4, bad=(1, 1), timeout_s:float=2.0) -> dict:
+def nan_steps(env:DistEnv, decide_together:bool, steps:int=4, bad=(1, 1),
+              timeout_s:float=2.0) -> dict:
     "DDP steps; rank bad[0]'s loss at step bad[1] is nan. Skip it alone (wrong) or all together."
     group = group_with(timeout_s)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1), process_group=group)
-    opt, gen, log = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(env.rank), []
+    opt, log = torch.optim.SGD(model.parameters(), lr=0.1), []
+    gen = torch.Generator().manual_seed(env.rank)
     for step in range(steps):
         try:
             loss = model(torch.randn(8, 4, generator=gen)).pow(2).mean()
             if (env.rank, step) == tuple(bad): loss = loss * float('nan')
             skip = (~torch.isfinite(loss.detach())).float()
-            if decide_together: dist.all_reduce(skip, op=dist.ReduceOp.MAX, group=group)  # any rank -> all
+            if decide_together:  # any rank -> all
+                dist.all_reduce(skip, op=dist.ReduceOp.MAX, group=group)
             if skip.item(): log.append(f"step {step}: skipped"); continue
             loss.backward(); opt.step(); opt.zero_grad(); log.append(f"step {step}: ok")
         except RuntimeError as e: log.append(f"step {step}: {first_line(e)}"); break
     return dict(log=log, weight=model.module.weight.detach().flatten().tolist())
 
 # %% ../../nbs/12_atlas.ipynb #5f9121cd
-VAL_LOSSES = [[1.0, 0.8, 0.85, 0.9, 0.95], [1.0, 0.8, 0.7, 0.6, 0.5]]  # each rank's own validation shard
+# each rank's own validation shard
+VAL_LOSSES = [[1.0, 0.8, 0.85, 0.9, 0.95], [1.0, 0.8, 0.7, 0.6, 0.5]]
 
 def early_stop(env:DistEnv, decide_together:bool, epochs:int=5, timeout_s:float=2.0) -> dict:
-    "Train an epoch (one DDP step), stop when this rank's (or any rank's) validation loss got worse."
+    "Train an epoch (one DDP step); stop when this rank's (or any rank's) val loss got worse."
     group = group_with(timeout_s)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1), process_group=group)
@@ -239,7 +252,8 @@ def demo_decide_together(env:DistEnv, timeout_s:float=2.0) -> dict:
     out = {}
     for case, together in (('wrong', False), ('fixed', True)):
         barrier(env); nan = nan_steps(env, together, timeout_s=timeout_s)
-        barrier(env); out[case] = dict(nan=nan, early=early_stop(env, together, timeout_s=timeout_s))
+        barrier(env); early = early_stop(env, together, timeout_s=timeout_s)
+        out[case] = dict(nan=nan, early=early)
     barrier(env)
     return out
 
@@ -263,7 +277,7 @@ def confusion(scores:torch.Tensor, labels:torch.Tensor, threshold:float=0.5) -> 
 
 # %% ../../nbs/12_atlas.ipynb #04c6fc7d
 def gather_uneven(t:torch.Tensor, group=None) -> torch.Tensor:
-    "Every rank's `t` (any number of rows) concatenated in rank order, on every rank; no padding left."
+    "Every rank's `t` (any number of rows) concatenated in rank order, on every rank; no padding."
     if not dist.is_initialized(): return t
     n = torch.tensor([t.shape[0]], device=t.device)
     sizes = [torch.empty_like(n) for _ in range(dist.get_world_size(group))]
@@ -280,18 +294,20 @@ def demo_gather_eval(env:DistEnv, n:int=101) -> dict:
     mine = torch.tensor(list(ShardSampler(n, env.world_size, env.rank)))
     s, y = toy_eval_set(mine)
     rank_aucs = [None] * env.world_size; dist.all_gather_object(rank_aucs, roc_auc(s, y))
-    padded = torch.tensor(list(DistributedSampler(range(n), env.world_size, env.rank, shuffle=False)))
+    padded = torch.tensor(list(DistributedSampler(range(n), env.world_size, env.rank,
+                                                  shuffle=False)))
     ps, py = toy_eval_set(padded)
     idx, gs, gy = gather_uneven(mine), gather_uneven(s), gather_uneven(y)
     order = idx.argsort()  # back to dataset order, as one process would hold them
     return dict(n_local=len(mine), mean_of_ranks=sum(rank_aucs) / len(rank_aucs),
-                padded=dict(n=len(gather_uneven(padded)), auc=roc_auc(gather_uneven(ps), gather_uneven(py))),
+                padded=dict(n=len(gather_uneven(padded)),
+                            auc=roc_auc(gather_uneven(ps), gather_uneven(py))),
                 exact=dict(n=len(idx), indices=idx[order].tolist(), auc=roc_auc(gs, gy),
                            confusion=confusion(gs, gy), scores=gs[order].tolist()))
 
 # %% ../../nbs/12_atlas.ipynb #b102435d
 class NumberStream(IterableDataset):
-    "A stream of `n` records (record i is i), read in order; `shard` keeps this reader's share only."
+    "A stream of `n` records (record i is i), read in order; `shard` keeps this reader's share."
     def __init__(self, n:int, rank:int=0, world_size:int=1, shard:bool=True):
         self.n, self.rank, self.world_size, self.shard = n, rank, world_size, shard
     def __iter__(self):
@@ -304,11 +320,13 @@ class NumberStream(IterableDataset):
 def demo_stream(env:DistEnv, n:int=50, workers:int=2) -> dict:
     "Every record each rank's DataLoader (with `workers` workers) yields, unsharded and sharded."
     import multiprocessing
-    multiprocessing.current_process()._config['daemon'] = False  # launch's processes are daemons; workers need a parent that is not
+    # launch's processes are daemons; workers need a parent that is not
+    multiprocessing.current_process()._config['daemon'] = False
     out = {}
     for case, shard in (('wrong', False), ('fixed', True)):
         ds = NumberStream(n, env.rank, env.world_size, shard)
-        loader = DataLoader(ds, batch_size=5, num_workers=workers, multiprocessing_context='fork' if workers else None)
+        ctx = 'fork' if workers else None
+        loader = DataLoader(ds, batch_size=5, num_workers=workers, multiprocessing_context=ctx)
         seen = [x for b in loader for x in b.tolist()]
         everyone = [None] * env.world_size; dist.all_gather_object(everyone, seen)
         out[case] = dict(seen=seen, everyone=everyone)
@@ -330,7 +348,8 @@ def demo_logging(env:DistEnv, root) -> dict:
         writer = case == 'wrong' or env.is_main  # the fix is this one condition
         if writer: log.addHandler(logging.FileHandler(folder/'train.log'))
         tracker = ToyTracker(folder/'runs') if writer else None
-        loss = torch.tensor([0.5 + env.rank]); dist.all_reduce(loss); loss = loss.item() / env.world_size  # every rank
+        loss = torch.tensor([0.5 + env.rank]); dist.all_reduce(loss)  # every rank
+        loss = loss.item() / env.world_size
         log.info(f"epoch 1: loss {loss:.3f}")
         if tracker: tracker.log(epoch=1, loss=loss)
         for h in log.handlers: h.close()

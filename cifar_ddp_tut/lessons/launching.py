@@ -12,7 +12,7 @@ __all__ = ['TORCHRUN_VARS', 'show_store', 'print_env']
 
 # %% ../../nbs/07_launching.ipynb #a7c3e9d1
 def show_store():
-    "Restart demo: the gloo keys in the workers' store at start; attempt 0 joins as before the fix."
+    "Restart demo: the gloo keys in the workers' store at start; attempt 0 joins with plain env://."
     import torch.distributed as dist
     from torch.distributed.rendezvous import rendezvous
     from cifar_ddp_tut.dist import setup, teardown, attempt_token
@@ -23,7 +23,7 @@ def show_store():
     store.add(f'demo/listed/{attempt}', 1)  # every rank lists before any rank of this attempt joins
     while store.add(f'demo/listed/{attempt}', 0) < ws: time.sleep(0.02)
     row = dict(attempt=attempt, rank=rank, port=os.environ['MASTER_PORT'], gloo_keys_at_start=keys)
-    if attempt == '0':  # env://, as before the fix
+    if attempt == '0':  # plain env://: no namespace per attempt
         dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))
     else:
         setup('gloo', 30); row['attempt_token'] = attempt_token()[:8]
@@ -34,16 +34,20 @@ def show_store():
     teardown()
 
 # %% ../../nbs/07_launching.ipynb #b0e54325
-TORCHRUN_VARS = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT',
-                 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCHELASTIC_RUN_ID', 'OMP_NUM_THREADS']
+TORCHRUN_VARS = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',
+                 'MASTER_ADDR', 'MASTER_PORT',
+                 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCHELASTIC_RUN_ID',
+                 'OMP_NUM_THREADS']
 
 def print_env(crash_rank:int=-1, linger_s:float=0):
     "Print this process's torchrun variables as one JSON line (restart demos: see below)."
     env = {k: os.environ.get(k) for k in TORCHRUN_VARS}
-    sys.stdout.write(json.dumps(env) + '\n'); sys.stdout.flush()  # one write: ranks share the pipe, lines must not interleave
+    # one write: ranks share the pipe, lines must not interleave
+    sys.stdout.write(json.dumps(env) + '\n'); sys.stdout.flush()
     if env['TORCHELASTIC_RESTART_COUNT'] != '0': return
     if str(crash_rank) == env['RANK'] or os.environ.get('DEMO_CRASH_NODE') == '1':  # or a node
-        print(f"rank {env['RANK']}: simulating a crash (exit 13) on attempt 0", file=sys.stderr, flush=True)
+        print(f"rank {env['RANK']}: simulating a crash (exit 13) on attempt 0", file=sys.stderr,
+              flush=True)
         os._exit(13)
     time.sleep(linger_s)  # lets another node's restart find this process still running
 

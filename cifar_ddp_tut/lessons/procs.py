@@ -14,8 +14,10 @@ __all__ = ['launch', 'demo_all_reduce', 'demo_in_order']
 
 # %% ../../nbs/01a_procs.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS='1')
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                      OMP_NUM_THREADS='1')
     torch.set_num_threads(1)
     try:
         env = setup(backend, timeout_s)
@@ -24,12 +26,14 @@ def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
     except BaseException as e:
         queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
 
-def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0, collective_timeout_s:float=60.0):
+def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
+           collective_timeout_s:float=60.0):
     "Run `fn(env, *args)` on `nprocs` spawned processes; a list of the results, by rank."
     import torch.multiprocessing as mp
     ctx = mp.get_context('spawn')
     q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend, collective_timeout_s), daemon=True)
+    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
+                                                      collective_timeout_s), daemon=True)
              for r in range(nprocs)]
     for p in procs: p.start()
     results, errors, deadline = {}, {}, time.monotonic() + timeout_s
@@ -38,12 +42,16 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0, c
             left = deadline - time.monotonic()
             if left <= 0:
                 late = sorted(set(range(nprocs)) - set(results) - set(errors))
-                raise TimeoutError(f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a collective that another rank never joined?)")
+                raise TimeoutError(
+                    f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a "
+                    f"collective that another rank never joined?)")
             try: rank, ok, val = q.get(timeout=min(left, 1.0))
             except Exception:
                 if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    raise WorldError(f"ranks {dead} died without reporting (exit codes {[procs[r].exitcode for r in dead]})")
+                    raise WorldError(
+                        f"ranks {dead} died without reporting (exit codes "
+                        f"{[procs[r].exitcode for r in dead]})")
                 continue
             (results if ok else errors)[rank] = val
             if errors: break
@@ -66,9 +74,12 @@ def demo_all_reduce(env:DistEnv):
 
 # %% ../../nbs/01a_procs.ipynb #9a3f9e07
 def demo_in_order(env:DistEnv, path:str, fail_on_rank0:bool=False):
-    "Append this rank to `path` inside `in_order`; rank 0 raises if `fail_on_rank0`."
+    "Append this rank to `path` in `in_order` (rank 0 fails if asked): (outcome, seconds in it)."
     def work():
-        if fail_on_rank0 and env.rank == 0: raise FileNotFoundError("rank 0 could not download the data")
+        if fail_on_rank0 and env.rank == 0:
+            raise FileNotFoundError("rank 0 could not download the data")
         with open(path, 'a') as f: f.write(f"{env.rank}\n")
-    try: in_order(work, env, 'downloading'); return 'ok'
-    except Exception as e: return f"{type(e).__name__}: {e}"
+    t0 = time.monotonic()
+    try: in_order(work, env, 'downloading'); out = 'ok'
+    except Exception as e: out = f"{type(e).__name__}: {e}"
+    return out, time.monotonic() - t0

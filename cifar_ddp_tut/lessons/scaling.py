@@ -38,7 +38,7 @@ def grad_bytes(model, dtype_bytes:int=4) -> int:
     return n_params(model) * dtype_bytes
 
 def bucket_sizes(nbytes:int, bucket_mb:float=25, first_mb:float=1) -> list:
-    "DDP's buckets (bytes), in the order they fill: a `first_mb` MiB bucket, then `bucket_mb` MiB each."
+    "DDP's buckets (bytes) in the order they fill: `first_mb` MiB, then `bucket_mb` MiB each."
     out, left, cap = [], nbytes, first_mb * 2**20
     while left > 0:
         out.append(min(left, cap)); left -= out[-1]; cap = bucket_mb * 2**20
@@ -46,7 +46,7 @@ def bucket_sizes(nbytes:int, bucket_mb:float=25, first_mb:float=1) -> list:
 
 # %% ../../nbs/13_scaling.ipynb #5ca1000a
 def allreduce_s(nbytes:float, n:int, busbw_gbs:float, latency_us:float, algo:str='ring') -> float:
-    "Seconds for one all-reduce of `nbytes` on `n` ranks: 2(n-1)/n x bytes / busbw + latency per step."
+    "Seconds for an all-reduce of `nbytes` on `n` ranks: 2(n-1)/n x bytes / busbw + latencies."
     if n == 1: return 0.0
     # 'tree': the log2(n) steps NCCL uses for small messages at scale
     steps = 2 * (n - 1) if algo == 'ring' else 2 * math.ceil(math.log2(n))
@@ -54,8 +54,9 @@ def allreduce_s(nbytes:float, n:int, busbw_gbs:float, latency_us:float, algo:str
 
 # %% ../../nbs/13_scaling.ipynb #5ca1000d
 def step_time(compute_s:float, grad_nbytes:float, n:int, busbw_gbs:float, latency_us:float,
-              bucket_mb:float=25, backward_frac:float=2/3, overlap:float=1.0, algo:str='ring') -> dict:
-    "One DDP step's seconds: compute, all-reduce, the part not hidden behind backward, and the step."
+              bucket_mb:float=25, backward_frac:float=2/3, overlap:float=1.0,
+              algo:str='ring') -> dict:
+    "One DDP step's seconds: compute, all-reduce, the part not hidden behind backward, the step."
     t_bwd = backward_frac * compute_s
     t_fwd, end, done, comm = compute_s - t_bwd, 0.0, 0, 0.0
     for b in bucket_sizes(grad_nbytes, bucket_mb):
@@ -108,9 +109,11 @@ def calibrate_worker(env, batches=(2, 8, 32, 64), repeats:int=5, warmup:int=2, a
                 dist.barrier(); t = time.perf_counter()
                 with ctx: train_step(model, opt, x, y)
                 if i >= warmup: times[kind].append(time.perf_counter() - t)
-        rows.append(dict(batch=b, compute_s=_slowest(times['compute']), ddp_s=_slowest(times['ddp'])))
+        rows.append(dict(batch=b, compute_s=_slowest(times['compute']),
+                         ddp_s=_slowest(times['ddp'])))
     ar = allreduce_rows(env, ar_sizes) if env.world_size > 1 else []
-    return dict(world_size=env.world_size, rows=rows, allreduce=ar, grad_bytes=grad_bytes(model.module))
+    return dict(world_size=env.world_size, rows=rows, allreduce=ar,
+                grad_bytes=grad_bytes(model.module))
 
 # %% ../../nbs/13_scaling.ipynb #5ca10016
 def fit_line(xs, ys) -> tuple[float, float]:
@@ -131,16 +134,18 @@ def fit_allreduce(ar_rows:list, n:int) -> dict:
 
 # %% ../../nbs/13_scaling.ipynb #5ca10019
 def predict_calibration(cal:dict, overlap:float=1.0) -> list:
-    "Measured DDP steps beside the model's prediction (measured compute + modelled all-reduce), with errors."
+    "Measured DDP steps beside the prediction (measured compute + modelled all-reduce), errors."
     link, out = fit_allreduce(cal[max(cal)]['allreduce'], max(cal)), []
     for n, res in sorted(cal.items()):
-        c = fit_compute(res['rows'])  # line_*: compute from the fitted line instead of this point's median
+        # line_*: compute from the fitted line instead of this point's median
+        c = fit_compute(res['rows'])
         for r in res['rows']:
             fitted = c['fixed_s'] + c['per_image_s'] * r['batch']
             p, line = [step_time(comp, res['grad_bytes'], n, link['busbw_gbs'], link['latency_us'],
                                  overlap=overlap) for comp in (r['compute_s'], fitted)]
             out.append(dict(n=n, batch=r['batch'], measured_s=r['ddp_s'], compute_s=r['compute_s'],
-                            comm_s=p['comm_s'], predicted_s=p['step_s'], error=p['step_s'] / r['ddp_s'] - 1,
+                            comm_s=p['comm_s'], predicted_s=p['step_s'],
+                            error=p['step_s'] / r['ddp_s'] - 1,
                             line_s=line['step_s'], line_error=line['step_s'] / r['ddp_s'] - 1))
     return out
 
@@ -152,14 +157,19 @@ def plot_calibration(cal:dict, label:str):
     link = fit_allreduce(cal[max(cal)]['allreduce'], max(cal))
     for n, res in sorted(cal.items()):
         c, col = fit_compute(res['rows']), f"C{n - 1}"
-        bs = np.linspace(min(r['batch'] for r in res['rows']), max(r['batch'] for r in res['rows']), 50)
+        batches = [r['batch'] for r in res['rows']]
+        bs = np.linspace(min(batches), max(batches), 50)
         for ov, ls in ((1.0, '-'), (0.0, '--')):
-            pred = [step_time(c['fixed_s'] + c['per_image_s'] * b, res['grad_bytes'], n, link['busbw_gbs'],
+            pred = [step_time(c['fixed_s'] + c['per_image_s'] * b, res['grad_bytes'], n,
+                              link['busbw_gbs'],
                               link['latency_us'], overlap=ov)['step_s'] for b in bs]
-            ax.plot(bs, pred, ls, color=col, label=f"model, N={n}" + (", overlap 0" if ov == 0 else ""))
-        ax.plot([r['batch'] for r in res['rows']], [r['ddp_s'] for r in res['rows']], 'o', color=col,
+            label = f"model, N={n}" + (", overlap 0" if ov == 0 else "")
+            ax.plot(bs, pred, ls, color=col, label=label)
+        ax.plot([r['batch'] for r in res['rows']], [r['ddp_s'] for r in res['rows']], 'o',
+                color=col,
                 label=f"measured DDP step, N={n}")
-        ax.plot([r['batch'] for r in res['rows']], [r['compute_s'] for r in res['rows']], 'x', color=col,
+        ax.plot([r['batch'] for r in res['rows']], [r['compute_s'] for r in res['rows']], 'x',
+                color=col,
                 label=f"measured compute (no_sync), N={n}")
     ax.set(xlabel='batch per process', ylabel='seconds per step (median)',
            title=f"ResNet-18, 32 px: DDP step, measured and modelled\n{label}")
@@ -168,7 +178,8 @@ def plot_calibration(cal:dict, label:str):
 
 # %% ../../nbs/13_scaling.ipynb #5ca10020
 FABRICS = {  # intra/inter: bus bandwidth GB/s inside a node (NVLink) and per node across nodes
-    'NVLink 4 everywhere (ideal)': dict(intra=450, inter=450, per_node=10**9, lat_intra=2, lat_inter=2),
+    'NVLink 4 everywhere (ideal)': dict(intra=450, inter=450, per_node=10**9, lat_intra=2,
+                                        lat_inter=2),
     'NVLink 3 + 8x IB HDR 200G': dict(intra=300, inter=200, per_node=8, lat_intra=2, lat_inter=5),
     'NVLink 3 + 1x IB NDR 400G': dict(intra=300, inter=50, per_node=8, lat_intra=2, lat_inter=5),
     'NVLink 3 + 100 GbE': dict(intra=300, inter=12.5, per_node=8, lat_intra=2, lat_inter=20),
@@ -188,12 +199,14 @@ def predict(spec:dict, n:int, per_gpu_batch:float, fabric:dict, grad_dtype_bytes
     bw, lat = fabric_at(fabric, n)
     compute = spec['fixed_s'] + spec['per_image_s'] * per_gpu_batch
     r = step_time(compute, spec['params'] * grad_dtype_bytes * grad_scale, n, bw, lat, **kw)
-    return {**r, 'n': n, 'per_gpu_batch': per_gpu_batch, 'images_s': n * per_gpu_batch / r['step_s']}
+    return {**r, 'n': n, 'per_gpu_batch': per_gpu_batch,
+            'images_s': n * per_gpu_batch / r['step_s']}
 
 # %% ../../nbs/13_scaling.ipynb #5ca10023
 NS = [2**k for k in range(11)]  # 1 ... 1024
 
-def scaling_rows(spec:dict, fabrics:dict, ns=NS, global_batch:int=128, per_gpu_batch:int=32, **kw) -> list:
+def scaling_rows(spec:dict, fabrics:dict, ns=NS, global_batch:int=128, per_gpu_batch:int=32,
+                 **kw) -> list:
     "The model's estimates for every fabric, N and way of scaling ('global' or 'per_gpu')."
     rows = []
     for fname, fab in fabrics.items():
@@ -203,12 +216,13 @@ def scaling_rows(spec:dict, fabrics:dict, ns=NS, global_batch:int=128, per_gpu_b
                 b = global_batch / n if mode == 'global' else per_gpu_batch
                 if b < 1: continue  # fewer than one image a GPU
                 r = predict(spec, n, b, fab, **kw)
-                rows.append({**r, 'fabric': fname, 'mode': mode, 'efficiency': r['images_s'] / (n * one)})
+                rows.append({**r, 'fabric': fname, 'mode': mode,
+                             'efficiency': r['images_s'] / (n * one)})
     return rows
 
 # %% ../../nbs/13_scaling.ipynb #5ca10024
 def plot_scaling(rows:list, title:str, global_batch:int=128, per_gpu_batch:int=32, min_batch:int=8):
-    "images/s and efficiency against N, for both ways of scaling; hollow markers: < half the comm hidden."
+    "images/s and efficiency against N, both ways of scaling; hollow: < half the comm hidden."
     from matplotlib.figure import Figure
     fig = Figure(figsize=(12, 7.5)); axs = fig.subplots(2, 2, sharex=True)
     for j, (mode, what) in enumerate((('global', f'global batch {global_batch} '
@@ -219,14 +233,18 @@ def plot_scaling(rows:list, title:str, global_batch:int=128, per_gpu_batch:int=3
             sel = [r for r in rows if r['fabric'] == fname and r['mode'] == mode]
             for i, key in enumerate(('images_s', 'efficiency')):
                 ax = axs[i, j]
-                ax.plot([r['n'] for r in sel], [r[key] for r in sel], '-', color=f'C{k}', label=fname)
+                ax.plot([r['n'] for r in sel], [r[key] for r in sel], '-', color=f'C{k}',
+                        label=fname)
                 ax.scatter([r['n'] for r in sel], [r[key] for r in sel], s=18, color=f'C{k}',
                            facecolors=[f'C{k}' if r['hidden'] >= .5 else 'none' for r in sel])
         if mode == 'global':
-            for ax in axs[:, j]: ax.axvspan(global_batch / min_batch, max(NS), color='0.9', zorder=0)
-            axs[1, j].text(global_batch / min_batch * 1.1, 0.03, f'< {min_batch} images a GPU', fontsize=8)
+            for ax in axs[:, j]: ax.axvspan(global_batch / min_batch, max(NS), color='0.9',
+                                            zorder=0)
+            axs[1, j].text(global_batch / min_batch * 1.1, 0.03, f'< {min_batch} images a GPU',
+                           fontsize=8)
         axs[0, j].set(title=what, xscale='log', yscale='log', ylabel='images/s (estimate)')
-        axs[1, j].set(xscale='log', xlabel='GPUs (N)', ylabel='scaling efficiency (estimate)', ylim=(0, 1.05))
+        axs[1, j].set(xscale='log', xlabel='GPUs (N)', ylabel='scaling efficiency (estimate)',
+                      ylim=(0, 1.05))
         for ax in axs[:, j]: ax.grid(alpha=.3, which='both')
     axs[0, 0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
@@ -234,11 +252,12 @@ def plot_scaling(rows:list, title:str, global_batch:int=128, per_gpu_batch:int=3
 
 # %% ../../nbs/13_scaling.ipynb #5ca10028
 def powersgd_bytes(model, rank:int=1, min_compression_rate:float=2, dtype_bytes:int=4) -> int:
-    "Bytes PowerSGD all-reduces a step after its warm-up: P and Q of each matrix it compresses, else all."
+    "Bytes PowerSGD all-reduces a step after warm-up: P and Q of each matrix it compresses, or all."
     total = 0
     for p in model.parameters():
         n, m = (p.shape[0], p.numel() // p.shape[0]) if p.ndim > 1 else (p.numel(), 1)
-        compress = p.ndim > 1 and (n + m) * rank * min_compression_rate < n * m  # the hook's own rule
+        # the hook's own rule
+        compress = p.ndim > 1 and (n + m) * rank * min_compression_rate < n * m
         total += (n + m) * rank if compress else p.numel()
     return total * dtype_bytes
 
@@ -248,10 +267,12 @@ def what_if(spec:dict, fabric:dict, n:int, per_gpu_batch:int=32, psgd_ratio:floa
     cases = [('as is: fp32 gradients, 25 MB buckets', dict(per_gpu_batch=per_gpu_batch)),
              ('per-GPU batch x4 (lr x4 by the linear rule, with warmup)',
               dict(per_gpu_batch=4 * per_gpu_batch)),
-             ('bf16 gradients (bf16_compress_hook)', dict(per_gpu_batch=per_gpu_batch, grad_dtype_bytes=2)),
+             ('bf16 gradients (bf16_compress_hook)', dict(per_gpu_batch=per_gpu_batch,
+                                                          grad_dtype_bytes=2)),
              ('PowerSGD rank 1', dict(per_gpu_batch=per_gpu_batch, grad_scale=psgd_ratio)),
              ('fewer, larger buckets: 100 MB', dict(per_gpu_batch=per_gpu_batch, bucket_mb=100)),
-             ('bf16 gradients and batch x4', dict(per_gpu_batch=4 * per_gpu_batch, grad_dtype_bytes=2))]
+             ('bf16 gradients and batch x4', dict(per_gpu_batch=4 * per_gpu_batch,
+                                                  grad_dtype_bytes=2))]
     out = []
     for name, kw in cases:
         b = kw.pop('per_gpu_batch')
@@ -274,19 +295,22 @@ def build_parallel(kind:str, seed:int=0):
     model = DDP(bare, gradient_as_bucket_view=True)
     if kind == 'ddp': return model, bare, sgd(model.parameters())
     from torch.distributed.optim import ZeroRedundancyOptimizer
-    return model, bare, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, **SGD_KW)
+    zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, **SGD_KW)
+    return model, bare, zero
 
 # %% ../../nbs/13_scaling.ipynb #5ca10035
 def _local(t): return t.to_local() if hasattr(t, 'to_local') else t
-def _nbytes(ts): return sum(_local(t).numel() * _local(t).element_size() for t in ts if t is not None)
+def _nbytes(ts):
+    return sum(_local(t).numel() * _local(t).element_size() for t in ts if t is not None)
 
 def optimizer_bytes(opt) -> int:
     "Bytes of optimizer state this rank holds (ZeRO: its shard only)."
     inner = getattr(opt, 'optim', opt)  # ZeroRedundancyOptimizer wraps the local optimizer
-    return _nbytes(v for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim)
+    return _nbytes(v for s in inner.state.values() for v in s.values()
+                   if torch.is_tensor(v) and v.ndim)
 
 def activation_bytes(model, x) -> int:
-    "Bytes autograd saves for backward in one forward of `x` (each storage once, parameters excluded)."
+    "Bytes autograd saves for backward in one forward of `x` (each storage once, no parameters)."
     params, seen = {_local(p).data_ptr() for p in model.parameters()}, {}
     def pack(t):
         if t.data_ptr() not in params: seen[t.data_ptr()] = t.untyped_storage().nbytes()
@@ -300,24 +324,27 @@ def full_params(bare) -> list:
             for p in bare.parameters()]
 
 # %% ../../nbs/13_scaling.ipynb #5ca10036
-FSDP_UNITS = ('layer1', 'layer2', 'layer3', 'layer4')  # what build_parallel gives fully_shard, then the root
+# what build_parallel gives fully_shard, then the root
+FSDP_UNITS = ('layer1', 'layer2', 'layer3', 'layer4')
 
 def largest_unit_bytes(model) -> int:
-    "Bytes of the largest group FSDP2 all-gathers at once (a block, or the root's leftover parameters)."
+    "Bytes of the largest group FSDP2 all-gathers at once (a block, or the root's leftovers)."
     units = [_nbytes(getattr(model, u).parameters()) for u in FSDP_UNITS]
     return max(units + [_nbytes(model.parameters()) - sum(units)])
 
 def compare_worker(env, kinds=KINDS, steps:int=3, batch:int=8) -> dict:
-    "Run in every process: per kind, bytes this rank holds after `steps` steps and max |param - DDP's|."
+    "In every process: per kind, bytes this rank holds after `steps` steps, max |param - DDP's|."
     x, out, ref = rank_batch(env.rank, 0, batch)[0], {}, None
-    plain = small_model()  # activations: the same for all three (none shards the batch's activations)
+    # activations: the same for all three (none shards the batch's activations)
+    plain = small_model()
     acts, unit = activation_bytes(plain, x), largest_unit_bytes(plain)
     for kind in kinds:
         model, bare, opt = build_parallel(kind)
         for s in range(steps): train_step(model, opt, *rank_batch(env.rank, s, batch))
         params = full_params(bare)
         ref = ref if ref is not None else params  # the first kind (DDP) is the reference
-        out[kind] = dict(params=_nbytes(bare.parameters()), grads=_nbytes(p.grad for p in bare.parameters()),
+        out[kind] = dict(params=_nbytes(bare.parameters()),
+                         grads=_nbytes(p.grad for p in bare.parameters()),
                          optimizer=optimizer_bytes(opt), activations=acts,
                          gathered=unit if kind == 'fsdp' else 0,
                          max_diff=max((a - b).abs().max().item() for a, b in zip(params, ref)))
@@ -326,7 +353,8 @@ def compare_worker(env, kinds=KINDS, steps:int=3, batch:int=8) -> dict:
 # %% ../../nbs/13_scaling.ipynb #5ca1003a
 RECIPES_BYTES = {'SGD momentum, fp32': (4, 4, 4), 'AdamW, fp32 params (autocast)': (4, 4, 8)}
 
-def memory_per_rank(params:float, n:int, kind:str, recipe:str='AdamW, fp32 params (autocast)') -> dict:
+def memory_per_rank(params:float, n:int, kind:str,
+                    recipe:str='AdamW, fp32 params (autocast)') -> dict:
     "Bytes a rank holds for parameters, gradients and optimizer state (activations excluded)."
     p, g, o = (params * b for b in RECIPES_BYTES[recipe])
     shard = {'ddp': (1, 1, 1), 'zero': (1, 1, n), 'fsdp': (n, n, n)}[kind]
@@ -338,7 +366,7 @@ HOOKS = ('fp32', 'fp16', 'bf16', 'powersgd', 'powersgd4')  # powersgdR: rank R (
 
 @contextlib.contextmanager
 def count_allreduce():
-    "Count calls and bytes of `torch.distributed.all_reduce` (what the Python comm hooks call) inside."
+    "Count calls and bytes of `torch.distributed.all_reduce` (what Python comm hooks call) inside."
     counter, real = dict(calls=0, bytes=0), dist.all_reduce
     def counted(tensor, *args, **kw):
         counter['calls'] += 1; counter['bytes'] += tensor.numel() * tensor.element_size()
@@ -364,25 +392,27 @@ def _tensors(ds):
 
 def hook_worker(env, data_dir:str, hooks=HOOKS, epochs:int=2, batch:int=32, start_iter:int=5,
                 bucket_mb:int=100, lr:float=0.02, warmup:int=10) -> dict:
-    "Run in every process: per hook, all-reduce bytes a step (measured) and the test accuracy after training."
+    "In every process: per hook, all-reduce bytes a step (measured), test accuracy after training."
     from cifar_ddp_tut.data import SyntheticCIFAR10
     (xs, ys), (xt, yt) = (_tensors(SyntheticCIFAR10(data_dir, train=t)) for t in (True, False))
     per_rank, out = batch // env.world_size, {}
     for hook in hooks:
         torch.manual_seed(0)
-        model = DDP(small_model(), gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)  # one bucket
+        model = DDP(small_model(), gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
         register_hook(model, hook, start_iter=start_iter)
         opt, steps, t0 = sgd(model.parameters()), [], time.perf_counter()
         for ep in range(epochs):
             order = torch.randperm(len(xs), generator=torch.Generator().manual_seed(ep))
             for i in range(0, len(order) - batch + 1, batch):
                 idx = order[i + env.rank * per_rank: i + (env.rank + 1) * per_rank]
-                for g in opt.param_groups: g['lr'] = lr * min(1, (len(steps) + 1) / warmup)  # linear warmup
+                for g in opt.param_groups:  # linear warmup
+                    g['lr'] = lr * min(1, (len(steps) + 1) / warmup)
                 with count_allreduce() as c: loss = train_step(model, opt, xs[idx], ys[idx])
                 steps.append(c['bytes'])
         model.eval()
         with torch.no_grad(): logits = model.module(xt)
-        out[hook] = dict(bytes_last_step=steps[-1], bytes_mean=statistics.mean(steps), steps=len(steps),
+        out[hook] = dict(bytes_last_step=steps[-1], bytes_mean=statistics.mean(steps),
+                         steps=len(steps),
                          train_s=time.perf_counter() - t0, train_loss=loss.item(),
                          val_loss=F.cross_entropy(logits, yt).item(),
                          val_acc=(logits.argmax(1) == yt).float().mean().item())
