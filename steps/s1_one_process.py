@@ -1,0 +1,53 @@
+"""Step 1: train a small ResNet on CIFAR-10 in one process, with a plain PyTorch loop."""
+import argparse, time
+import torch, torch.nn as nn, torchvision
+from torch.utils.data import DataLoader, RandomSampler
+from torchvision import transforms as T
+from cifar_ddp_tut.data import SyntheticCIFAR10  # torchvision's CIFAR10, on generated files
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument('--data', default='data', help='the folder that holds cifar-10-batches-py')
+    p.add_argument('--epochs', type=int, default=2)
+    p.add_argument('--steps', type=int, default=None, help='at most this many steps an epoch')
+    p.add_argument('--batch_size', type=int, default=32, help='images per optimizer step')
+    p.add_argument('--lr', type=float, default=0.005)
+    p.add_argument('--norm', default='batch', choices=['batch', 'group'])
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', default='model.pt')
+    return p.parse_args()
+
+
+def main(args):
+    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    tfm = T.Compose([T.ToTensor(), T.Normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))])
+    train_ds = SyntheticCIFAR10(args.data, train=True, transform=tfm)
+    g = torch.Generator()
+    loader = DataLoader(train_ds, batch_size=args.batch_size,
+                        sampler=RandomSampler(train_ds, generator=g), drop_last=True)
+    torch.manual_seed(args.seed)  # the same initial weights in every run
+    norm = nn.BatchNorm2d if args.norm == 'batch' else (lambda c: nn.GroupNorm(32, c))
+    model = torchvision.models.resnet18(num_classes=10, norm_layer=norm).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    for epoch in range(args.epochs):
+        g.manual_seed(args.seed + epoch)  # a new order each epoch, the same in every run
+        t0, losses = time.time(), []
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = loss_fn(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if len(losses) == args.steps: break
+        print(f'epoch {epoch}: loss {sum(losses) / len(losses):.6f} '
+              f'({len(losses)} steps of {x.shape[0]} images, {time.time() - t0:.1f} s)')
+    psum = sum(p.detach().double().sum() for p in model.parameters())
+    print(f'param_sum {psum.item():.10f}')
+    torch.save(model.state_dict(), args.out)
+
+
+if __name__ == '__main__':
+    main(parse_args())
