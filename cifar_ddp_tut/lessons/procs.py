@@ -4,7 +4,7 @@
 
 # %% ../../nbs/01a_procs.ipynb #efbfbfb2
 from __future__ import annotations
-import os, time, traceback
+import os, pickle, time, traceback
 import torch
 import torch.distributed as dist
 from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
@@ -21,7 +21,9 @@ def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
     torch.set_num_threads(1)
     try:
         env = setup(backend, timeout_s)
-        try: queue.put((rank, True, fn(env, *args)))
+        # plain pickle: torch's queue would send a tensor as shared memory that dies with
+        # this process, so a result read after the worker exited could never arrive
+        try: queue.put((rank, True, pickle.dumps(fn(env, *args))))
         finally: teardown()
     except BaseException as e:
         queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
@@ -53,7 +55,7 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
                         f"ranks {dead} died without reporting (exit codes "
                         f"{[procs[r].exitcode for r in dead]})")
                 continue
-            (results if ok else errors)[rank] = val
+            (results if ok else errors)[rank] = pickle.loads(val) if ok else val
             if errors: break
         if errors:
             r, msg = min(errors.items())
