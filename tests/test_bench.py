@@ -1,7 +1,7 @@
 "The benchmark command end to end on CPU, the fast config file, and the accuracy check: the fast recipe learns as well as the original."
-import json, os, subprocess, sys, time
-import pytest
-from _util import QUICKSTART, ROOT, read_metrics, run_module, torchrun
+import json, os, subprocess, sys, time, uuid
+import psutil, pytest
+from _util import QUICKSTART, ROOT, read_metrics, run_module, torchrun, wait_for
 from cifar_ddp_tut.bench import RECIPES, bench_config
 from cifar_ddp_tut.config import config_dict, load_config
 
@@ -10,7 +10,7 @@ FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s'
           'global_batch', 'train_loss', 'steps', 'loader_queue', 'startup_s', 'warmup_extra_s', 'eval_extra_s', 'checkpoint_s'}
 
 
-def bench(*args, timeout=240):
+def bench(*args, timeout=600):
     "Run `python -m cifar_ddp_tut.bench *args`; (CompletedProcess, seconds)."
     return run_module('cifar_ddp_tut.bench', *args, timeout=timeout)
 
@@ -37,6 +37,8 @@ def test_bench_cpu_both_recipes(tmp_path):
         assert r['startup_s'] > 0 and r['checkpoint_s'] > 0 and r['warmup_extra_s'] >= 0 and r['eval_extra_s'] >= 0
         extra = r['startup_s'] + r['warmup_extra_s'] + r['eval_extra_s'] + 5 * r['checkpoint_s']
         assert abs(r['projected_5_epochs_all_in_s'] - r['projected_5_epochs_with_eval_s'] - extra) < 1e-6
+        # start-up ends when the trainer is built: warm-up and timed steps come after it
+        assert r['startup_s'] + r['warmup_s'] + r['seconds'] < r['launch_s'], r
         assert r['host_syncs_per_step'] is None  # counted on CUDA only
         if r['recipe'] == 'original': assert r['ratio_to_original'] == 1.0
         else:
@@ -61,6 +63,34 @@ def test_bench_errors_are_clear(tmp_path):
     assert secs < 100
     rep = json.loads(out.read_text())  # the report is still written, with the failure in it
     assert rep['results'] == [] and 'backend=nccl needs CUDA' in rep['failures'][0]['error']
+
+
+def _marked(mark):
+    "Pids of live processes whose environment carries BENCH_TEST_MARK=mark."
+    pids = []
+    for q in psutil.process_iter():
+        try:
+            if q.environ().get('BENCH_TEST_MARK') == mark and q.status() != psutil.STATUS_ZOMBIE:
+                pids.append(q.pid)
+        except (psutil.Error, OSError): pass
+    return pids
+
+
+def test_bench_timeout_stops_the_workers(tmp_path):
+    "A launch past --timeout_s fails with a clear message, the report is written, no process is left."
+    out, mark = tmp_path/'bench.json', uuid.uuid4().hex
+    t0 = time.monotonic()
+    cmd = [sys.executable, '-m', 'cifar_ddp_tut.bench', '--recipes', 'original', '--nprocs', '2',
+           '--timeout_s', '4', '--out', str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, 'OMP_NUM_THREADS': '1', 'BENCH_TEST_MARK': mark})
+    secs = time.monotonic() - t0
+    msg = "recipe 'original' on 2 process(es) did not finish within 4 s"
+    assert p.returncode == 1 and msg in p.stderr, p.stderr[-3000:]
+    assert json.loads(out.read_text())['failures'][0]['nprocs'] == 2
+    # the launcher killed both workers; their DataLoader workers see within seconds that it is gone
+    wait_for(lambda: not _marked(mark), 30, "the benchmark's processes to exit")
+    print(f"timeout: {secs:.1f} s")
 
 
 def test_timed_steps_outlast_the_loader_queue():
