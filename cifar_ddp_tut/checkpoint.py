@@ -14,8 +14,8 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from .config import write_atomic
 
 # %% auto #0
-__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'load_checkpoint', 'load_model_state', 'get_rng_state',
-           'set_rng_state', 'gather_rng_states']
+__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'is_zip', 'load_checkpoint', 'load_model_state',
+           'get_rng_state', 'set_rng_state', 'gather_rng_states', 'unreadable', 'misfit']
 
 # %% ../nbs/05_checkpoint.ipynb #1202be3d
 class CheckpointError(RuntimeError):
@@ -30,7 +30,7 @@ def unwrap(model:nn.Module) -> nn.Module:
         else: return model
 
 def strip_prefixes(sd:dict) -> dict:
-    "A copy of `sd` without the `_orig_mod.` (compile) and `module.` (DDP) prefixes, in either nesting."
+    "A copy of `sd` without `_orig_mod.` (compile) and `module.` (DDP) prefixes, in either nesting."
     sd = dict(sd)  # torch's helper renames in place
     for p in ('_orig_mod.', 'module.', '_orig_mod.'): consume_prefix_in_state_dict_if_present(sd, p)
     return sd
@@ -41,44 +41,37 @@ def save_atomic(obj, path):
     write_atomic(path, lambda f: torch.save(obj, f))
 
 # %% ../nbs/05_checkpoint.ipynb #2af38c21
+def is_zip(path) -> bool:
+    "Is `path` a file in the zip format that `torch.save` writes? (False when it is missing.)"
+    try: return zipfile.is_zipfile(path)
+    except Exception: return False  # is_zipfile itself raises on some damaged directories
+
 def load_checkpoint(path, map_location='cpu') -> dict:
     "The dict in checkpoint `path`, loaded with `weights_only=True` onto `map_location`."
     path = Path(path)
-    if not path.is_file(): raise CheckpointError(f"checkpoint={str(path)!r} does not exist; pass the path of a best.pt or snapshot.pt")
-    def corrupt(why): return CheckpointError(f"checkpoint={str(path)!r} is corrupt or truncated ({why}); delete it, or point to another one")
-    # torch.save writes a zip archive; anything else (a half-written file, a foreign file) is not one of ours.
-    # Checking first turns every kind of garbage into one message, not whichever error the unpickler trips on.
-    try: is_zip = zipfile.is_zipfile(path)
-    except Exception: is_zip = False  # is_zipfile itself raises on some damaged directories
-    if not is_zip: raise corrupt("not a PyTorch zip archive")
+    # anything but a zip (half written, foreign) is not ours: checked first, so that every kind of
+    # garbage gets one message, not whichever error the unpickler trips on
+    if not is_zip(path): raise unreadable(path)
     try: ck = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # a damaged archive fails in many ways (BadZipFile, RuntimeError, EOFError, IndexError, ...)
-        first = (str(e).splitlines() or [''])[0][:120]
-        if isinstance(e, pickle.UnpicklingError) and 'GLOBAL' in str(e):  # a refused class or function: it would run code
-            raise CheckpointError(f"checkpoint={str(path)!r} was refused: it holds objects other than tensors and plain data, "
-                                  f"which could run code when loaded ({first}); use only checkpoints this program wrote") from None
-        raise corrupt(f"{type(e).__name__}: {first}") from None
+    except Exception as e: raise unreadable(path, e) from None
     if not isinstance(ck, dict) or 'model' not in ck:
-        raise CheckpointError(f"checkpoint={str(path)!r} is not a checkpoint of this program (no 'model' entry)")
+        raise CheckpointError(f"checkpoint={str(path)!r} is not a checkpoint of this program "
+                              "(no 'model' entry)")
     return ck
 
 def load_model_state(model:nn.Module, ck:dict, path=''):
-    "Load `ck['model']` into the bare `model`; a checkpoint of another architecture gets a clear message."
-    sd = strip_prefixes(ck['model'])
-    try: unwrap(model).load_state_dict(sd)
-    except RuntimeError as e:
-        first = [l.strip() for l in str(e).splitlines()[1:] if l.strip()][:1]
-        was = ck.get('config', {}).get('model', '?') if isinstance(ck.get('config'), dict) else '?'
-        raise CheckpointError(f"checkpoint {str(path)!r} does not fit this model (it was saved from model={was!r}; {first[0][:150] if first else e}); "
-                              f"use the config it was trained with") from None
+    "Load `ck['model']` into the bare `model`; a checkpoint of another model gets a clear message."
+    try: unwrap(model).load_state_dict(strip_prefixes(ck['model']))
+    except RuntimeError as e: raise misfit(ck, path, e) from None
 
 # %% ../nbs/05_checkpoint.ipynb #44b3f447
 def get_rng_state() -> dict:
     "This process's random states, as tensors and plain lists (loadable with weights_only=True)."
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    st = dict(python=random.getstate(), numpy=[kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-              torch=torch.get_rng_state())
-    if torch.cuda.is_available() and torch.cuda.is_initialized(): st['cuda'] = torch.cuda.get_rng_state()
+    numpy = [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached]
+    st = dict(python=random.getstate(), numpy=numpy, torch=torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st['cuda'] = torch.cuda.get_rng_state()
     return st
 
 def set_rng_state(st:dict):
@@ -97,3 +90,26 @@ def gather_rng_states() -> list:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine)
     return out
+
+# %% ../nbs/05_checkpoint.ipynb #f88eb6b0
+def unreadable(path, e:Exception|None=None) -> CheckpointError:
+    "The error for `path` that is missing, not a zip (`e` None), refused or damaged (`e` raised)."
+    p = f"checkpoint={str(path)!r}"
+    if not Path(path).is_file():
+        return CheckpointError(f"{p} does not exist; pass the path of a best.pt or snapshot.pt")
+    first = (str(e).splitlines() or [''])[0][:120]
+    if isinstance(e, pickle.UnpicklingError) and 'GLOBAL' in str(e):  # a class or function: code
+        return CheckpointError(f"{p} was refused: it holds objects other than tensors and plain "
+                               f"data, which could run code when loaded ({first}); use only "
+                               "checkpoints this program wrote")
+    why = "not a PyTorch zip archive" if e is None else f"{type(e).__name__}: {first}"
+    return CheckpointError(f"{p} is corrupt or truncated ({why}); delete it, or point to another "
+                           "one")
+
+def misfit(ck:dict, path, e:RuntimeError) -> CheckpointError:
+    "The error for a checkpoint whose tensors do not fit the model (`e`: load_state_dict's)."
+    first = [l.strip() for l in str(e).splitlines()[1:] if l.strip()][:1]
+    was = ck.get('config', {}).get('model', '?') if isinstance(ck.get('config'), dict) else '?'
+    return CheckpointError(f"checkpoint {str(path)!r} does not fit this model (it was saved from "
+                           f"model={was!r}; {first[0][:150] if first else e}); use the config it "
+                           "was trained with")

@@ -11,48 +11,60 @@ import torch.distributed as dist
 from .config import ConfigError
 from .dist import setup, teardown, barrier, describe_world, all_reduce_max, in_notebook
 from .checkpoint import load_checkpoint
+from .train import torchrun_cmd
 from .bench import BenchError, run_bench, bench_table, cpu_name
 
 # %% auto #0
-__all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'environment', 'bus_bandwidth',
+__all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'bus_bandwidth',
            'allreduce_rows', 'run_torchrun', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config',
            'cli', 'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
 
 # %% ../nbs/11_doctor.ipynb #c0000006
-TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK', 'MASTER_ADDR',
-                 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')
+TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK',
+                 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
+                 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')
 
 def torchrun_vars() -> dict:
     "The torchrun variables this process has (none outside torchrun)."
     return {k: os.environ[k] for k in TORCHRUN_VARS if k in os.environ}
 
+def gpu_info(i:int) -> dict:
+    "Name, memory and compute capability of CUDA device `i`."
+    p = torch.cuda.get_device_properties(i)
+    cap = '.'.join(map(str, torch.cuda.get_device_capability(i)))
+    return dict(index=i, name=torch.cuda.get_device_name(i),
+                memory_gb=round(p.total_memory / 1e9, 1), capability=cap)
+
 def environment() -> dict:
     "Devices, the backend `auto` picks, and the versions that matter for a distributed run."
     cuda = torch.cuda.is_available()
-    if cuda: devices = [dict(index=i, name=torch.cuda.get_device_name(i), memory_gb=round(torch.cuda.get_device_properties(i).total_memory / 1e9, 1),
-                             capability='.'.join(map(str, torch.cuda.get_device_capability(i)))) for i in range(torch.cuda.device_count())]
+    if cuda: devices = [gpu_info(i) for i in range(torch.cuda.device_count())]
     else: devices = [dict(index=0, name=cpu_name(), cores=os.cpu_count())]
-    return dict(device='cuda' if cuda else 'cpu', devices=devices, backend='nccl' if cuda else 'gloo',
+    return dict(device='cuda' if cuda else 'cpu', devices=devices,
+                backend='nccl' if cuda else 'gloo',
                 nccl_available=dist.is_nccl_available(), gloo_available=dist.is_gloo_available(),
-                torch=torch.__version__, cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version() if cuda else None,
+                torch=torch.__version__, cuda=torch.version.cuda,
+                cudnn=torch.backends.cudnn.version() if cuda else None,
                 nccl='.'.join(map(str, torch.cuda.nccl.version()[:3])) if cuda else None,
-                python=platform.python_version(), host=socket.gethostname(), CUDA_VISIBLE_DEVICES=os.environ.get('CUDA_VISIBLE_DEVICES'),
+                python=platform.python_version(), host=socket.gethostname(),
+                CUDA_VISIBLE_DEVICES=os.environ.get('CUDA_VISIBLE_DEVICES'),
                 torchrun_vars=torchrun_vars())
 
 # %% ../nbs/11_doctor.ipynb #c0000009
 def bus_bandwidth(nbytes:int, seconds:float, n:int) -> tuple[float, float]:
-    "(algbw, busbw) in GB/s of an all-reduce of `nbytes` bytes over `n` ranks that took `seconds` (nccl-tests' formulas)."
+    "(algbw, busbw) in GB/s of an all-reduce of `nbytes` over `n` ranks in `seconds` (nccl-tests)."
     algbw = nbytes / seconds / 1e9
     return algbw, algbw * 2 * (n - 1) / n
 
 # %% ../nbs/11_doctor.ipynb #c000000d
-SIZES = {'cpu': [2**k for k in range(12, 25, 2)], 'cuda': [2**k for k in range(20, 31, 2)]}  # 4 KiB-16 MiB; 1 MiB-1 GiB
+SIZES = {'cpu': [2**k for k in range(12, 25, 2)],   # 4 KiB to 16 MiB
+         'cuda': [2**k for k in range(20, 31, 2)]}  # 1 MiB to 1 GiB
 
 def _sync(device):
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
 def allreduce_rows(env, sizes, warmup:int=3) -> list:
-    "Run in every process: check and time all_reduce of each size in `sizes` (bytes); one row per size."
+    "In every process: check and time all_reduce of each size in `sizes` (bytes); a row a size."
     rows, n = [], env.world_size
     for nbytes in sizes:
         x = torch.full((nbytes // 4,), float(env.rank + 1), device=env.device)
@@ -63,42 +75,44 @@ def allreduce_rows(env, sizes, warmup:int=3) -> list:
         _sync(env.device); barrier(env); t = time.perf_counter()
         for _ in range(iters): dist.all_reduce(x)
         _sync(env.device)
-        secs = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=env.device)
-        all_reduce_max(secs)
+        secs = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64,
+                            device=env.device)
+        all_reduce_max(secs)  # the slowest rank's time
         algbw, busbw = bus_bandwidth(nbytes, secs.item(), n)
-        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs.item() * 1e6, algbw_gbs=algbw, busbw_gbs=busbw, correct=correct))
+        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs.item() * 1e6, algbw_gbs=algbw,
+                         busbw_gbs=busbw, correct=correct))
     return rows
 
 # %% ../nbs/11_doctor.ipynb #4580cd13
 def _threads_env(nprocs:int) -> dict:
-    "The environment for a launch: on CPU, cores / nprocs OpenMP threads a process unless OMP_NUM_THREADS is set."
+    "The launch's environment: on CPU, cores / nprocs threads a process, unless OMP_NUM_THREADS."
     env = dict(os.environ)
     if not torch.cuda.is_available() and 'OMP_NUM_THREADS' not in os.environ:
         env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // nprocs))
     return env
 
 def _stop(p, grace_s:float=60):
-    "SIGTERM to torchrun, which stops its workers and waits for them; SIGKILL if it has not ended in `grace_s`."
+    "SIGTERM to torchrun, which stops its workers and waits for them; SIGKILL after `grace_s`."
     try: os.killpg(p.pid, signal.SIGTERM)
     except ProcessLookupError: pass
     try: p.wait(timeout=grace_s)
     except subprocess.TimeoutExpired: p.kill(); p.wait()
 
-def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None, poll_s:float=0.1):
-    "`torchrun --standalone --nproc_per_node=nprocs -m module *args`: (exit code, None if `stop_when()` stopped it; stdout; stderr)."
+def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None,
+                 poll_s:float=0.1):
+    "Run `torchrun_cmd(nprocs, *args, module=module)`: (exit code or None if stopped, out, err)."
     logdir = Path(logdir); logdir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nprocs}', '-m', module,
-           *map(str, args)]
     with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=_threads_env(nprocs), start_new_session=True)
+        p = subprocess.Popen(torchrun_cmd(nprocs, *args, module=module), stdout=out, stderr=err,
+                             text=True, env=_threads_env(nprocs), start_new_session=True)
         t0, code = time.monotonic(), None
         try:
             while (code := p.poll()) is None:
                 if stop_when is not None and stop_when(): _stop(p); break
                 if time.monotonic() - t0 > timeout_s:
                     _stop(p)
-                    raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank "
-                                     f"stuck in a collective")
+                    raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, "
+                                     "or look for a rank stuck in a collective")
                 time.sleep(poll_s)
         except BaseException: _stop(p); raise
     return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
@@ -116,48 +130,62 @@ def allreduce_worker(out:str, sizes:list):
         world = describe_world(env)
         rows = allreduce_rows(env, sizes)
         if env.is_main:
-            Path(out).write_text(json.dumps(dict(backend=env.backend, world_size=env.world_size, world=world,
-                                                 torchrun_vars=torchrun_vars(), rows=rows), indent=1))
+            res = dict(backend=env.backend, world_size=env.world_size, world=world,
+                       torchrun_vars=torchrun_vars(), rows=rows)
+            Path(out).write_text(json.dumps(res, indent=1))
     finally: teardown()
 
 def measure_allreduce(nprocs:int, workdir, sizes=None, timeout_s:float=300) -> dict:
-    "All-reduce bandwidth over `sizes` bytes (default: SIZES of this device) with `nprocs` torchrun processes."
+    "All-reduce bandwidth over `sizes` bytes (default: the device's SIZES) on `nprocs` processes."
     sizes = sizes or SIZES['cuda' if torch.cuda.is_available() else 'cpu']
     out = Path(workdir)/'allreduce.json'
-    code, _, err = run_torchrun(nprocs, 'cifar_ddp_tut.doctor', ['--worker', '--out', out, '--sizes', ','.join(map(str, sizes))],
-                                Path(workdir)/'log-allreduce', timeout_s)
-    if code != 0 or not out.exists(): raise BenchError(f"the all-reduce workers failed (exit code {code}): {_error_lines(err, 'Error: ')}")
+    args = ['--worker', '--out', out, '--sizes', ','.join(map(str, sizes))]
+    code, _, err = run_torchrun(nprocs, 'cifar_ddp_tut.doctor', args, Path(workdir)/'log-allreduce',
+                                timeout_s)
+    if code != 0 or not out.exists():
+        why = _error_lines(err, 'Error: ')
+        raise BenchError(f"the all-reduce workers failed (exit code {code}): {why}")
     return json.loads(out.read_text())
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
     lines = [f"all_reduce(SUM) of float32, {res['backend']}, {res['world_size']} process(es)", '',
-             '| size | iters | time us | algbw GB/s | busbw GB/s | correct |', '|--:|--:|--:|--:|--:|:-:|']
+             '| size | iters | time us | algbw GB/s | busbw GB/s | correct |',
+             '|--:|--:|--:|--:|--:|:-:|']
     for r in res['rows']:
-        size = f"{r['bytes'] / 2**20:g} MiB" if r['bytes'] >= 2**20 else f"{r['bytes'] / 2**10:g} KiB"
-        lines.append(f"| {size} | {r['iters']} | {r['time_us']:.0f} | {r['algbw_gbs']:.3f} | {r['busbw_gbs']:.3f} | {'yes' if r['correct'] else 'NO'} |")
+        b = r['bytes']
+        size = f"{b / 2**20:g} MiB" if b >= 2**20 else f"{b / 2**10:g} KiB"
+        lines.append(f"| {size} | {r['iters']} | {r['time_us']:.0f} | {r['algbw_gbs']:.3f} | "
+                     f"{r['busbw_gbs']:.3f} | {'yes' if r['correct'] else 'NO'} |")
     return '\n'.join(lines)
 
 # %% ../nbs/11_doctor.ipynb #c0000013
 EPOCHS, TOL = 3, 1e-5
-RUN = {  # per device: the run's config keys (everything else is the config's default: the original run)
-    'cpu': dict(model='resnet18', image_size=32, resize_size=36, batch_size=16, num_workers=0, lr=0.05, momentum=0.9,
-                hflip=True, synthetic_train_size=16 * 6, synthetic_test_size=101, warmup_steps=2),
+# per device, the run's config keys; every other key keeps its Config default (the ResNet-50 recipe
+# of config/classifier_cifar10.yaml). batch_size and synthetic_train_size are per process: 6 or 10
+# steps an epoch at any process count.
+RUN = {
+    'cpu': dict(model='resnet18', image_size=32, resize_size=36, batch_size=16, num_workers=0,
+                lr=0.05, momentum=0.9, hflip=True, synthetic_train_size=16 * 6,
+                synthetic_test_size=101, warmup_steps=2),
     'cuda': dict(model='resnet50', image_size=224, resize_size=256, batch_size=32, num_workers=4,
                  synthetic_train_size=32 * 10, synthetic_test_size=501, warmup_steps=2),
-}  # batch_size and synthetic_train_size per process: 6 or 10 steps an epoch at any process count
-_RUN_FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=EPOCHS, plot=False, timeout_s=120)
+}
+_RUN_FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=EPOCHS, plot=False,
+                  timeout_s=120)
 
 def run_config(device:str, nprocs:int, save_dir, data_dir) -> dict:
     "The config keys of the doctor's training run on `nprocs` processes of `device`."
     c = {**RUN[device], **_RUN_FIXED, 'save_dir': str(save_dir), 'data_dir': str(data_dir)}
     c['batch_size'] *= nprocs; c['synthetic_train_size'] *= nprocs
-    if device == 'cuda': c['cudnn_benchmark'] = False  # the same convolution algorithms when training and evaluating
+    # the same convolution algorithms when training and when evaluating
+    if device == 'cuda': c['cudnn_benchmark'] = False
     return c
 
 def cli(keys:dict) -> list:
     "Config keys as command-line options."
-    return [a for k, v in keys.items() for a in (f'--{k}', str(v).lower() if isinstance(v, bool) else str(v))]
+    text = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # YAML's true, not True
+    return [a for k, v in keys.items() for a in (f'--{k}', text(v))]
 
 # %% ../nbs/11_doctor.ipynb #c0000016
 def snapshot_epochs(path, _seen={}) -> int:
@@ -172,45 +200,54 @@ def snapshot_epochs(path, _seen={}) -> int:
 
 def check(name:str, ok:bool, detail:str, t0:float|None=None) -> dict:
     "One check's verdict."
-    return dict(name=name, ok=bool(ok), detail=detail, seconds=round(time.monotonic() - t0, 1) if t0 else None)
+    secs = round(time.monotonic() - t0, 1) if t0 else None
+    return dict(name=name, ok=bool(ok), detail=detail, seconds=secs)
 
 def same_val(row:dict, ev:dict) -> tuple[bool, str]:
-    "Whether a metrics row's val_loss and val_acc equal an evaluation's loss and acc to TOL, and the figures."
+    "Do a metrics row's val_loss and val_acc equal an evaluation's to TOL? And the figures."
     d = max(abs(row['val_loss'] - ev['loss']), abs(row['val_acc'] - ev['acc']))
     return (d <= TOL and row['val_count'] == ev['count'],
-            f"logged val loss {row['val_loss']:.6f} acc {row['val_acc']:.6f} ({row['val_count']} images), "
-            f"evaluated {ev['loss']:.6f} {ev['acc']:.6f} ({ev['count']}): max difference {d:.2e} (allowed {TOL:g})")
+            f"logged val loss {row['val_loss']:.6f} acc {row['val_acc']:.6f} ({row['val_count']} "
+            f"images), evaluated {ev['loss']:.6f} {ev['acc']:.6f} ({ev['count']}): max difference "
+            f"{d:.2e} (allowed {TOL:g})")
 
 # %% ../nbs/11_doctor.ipynb #c0000019
 def _train(nprocs, keys, workdir, tag, timeout_s, stop_when=None):
-    return run_torchrun(nprocs, 'cifar_ddp_tut.train', cli(keys), Path(workdir)/f'log-{tag}', timeout_s, stop_when)
+    logdir = Path(workdir)/f'log-{tag}'
+    return run_torchrun(nprocs, 'cifar_ddp_tut.train', cli(keys), logdir, timeout_s, stop_when)
 
 def _why(code, err): return f"exit code {code}: {_error_lines(err, 'cifar_ddp_train: error: ')}"
 
 def check_run(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
-    "Train, stop after the first snapshot, resume, evaluate the final snapshot and best.pt; (checks, details)."
+    "Train, stop after the first snapshot, resume, evaluate the final snapshot and best.pt."
     dev, workdir = 'cuda' if torch.cuda.is_available() else 'cpu', Path(workdir)
     keys = run_config(dev, nprocs, workdir/'run', workdir/'data')
     snap, t0, out = workdir/'run'/'snapshot.pt', time.monotonic(), {}
-    code, _, err = _train(nprocs, keys, workdir, 'first', timeout_s, stop_when=lambda: snapshot_epochs(snap) >= 1)
+    code, _, err = _train(nprocs, keys, workdir, 'first', timeout_s,
+                          stop_when=lambda: snapshot_epochs(snap) >= 1)
     done = snapshot_epochs(snap)
+    detail = (f"stopped with {done} of {EPOCHS} epochs in snapshot.pt" if code is None
+              else _why(code, err))
     checks = [check('run: stopped after the first snapshot', code is None and 1 <= done < EPOCHS,
-                    f"stopped with {done} of {EPOCHS} epochs in snapshot.pt" if code is None else _why(code, err), t0)]
+                    detail, t0)]
     if not checks[-1]['ok']: return checks, out
     t0 = time.monotonic()
     code, text, err = _train(nprocs, keys, workdir, 'resume', timeout_s)
-    hist = [json.loads(l) for l in (workdir/'run'/'metrics.jsonl').read_text().splitlines()] if code == 0 else []
+    metrics = (workdir/'run'/'metrics.jsonl')
+    hist = [json.loads(l) for l in metrics.read_text().splitlines()] if code == 0 else []
     said = f"resuming from {snap}: {done} of {EPOCHS} epochs done"
     epochs = [h['epoch'] for h in hist]
-    checks.append(check('run: resume is continuous', code == 0 and said in text and epochs == list(range(EPOCHS)),
-                        (f"printed {said!r}" if said in text else f"did not print {said!r}") + f"; epochs in metrics.jsonl {epochs}"
-                        if code == 0 else _why(code, err), t0))
+    detail = ((f"printed {said!r}" if said in text else f"did not print {said!r}")
+              + f"; epochs in metrics.jsonl {epochs}" if code == 0 else _why(code, err))
+    checks.append(check('run: resume is continuous',
+                        code == 0 and said in text and epochs == list(range(EPOCHS)), detail, t0))
     if not checks[-1]['ok']: return checks, out
     best_epoch = load_checkpoint(workdir/'run'/'best.pt')['epoch']
     for name, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
         t0, ev_dir = time.monotonic(), workdir/f'eval-{name}'
-        code, _, err = _train(nprocs, {**keys, 'eval_only': True, 'checkpoint': str(workdir/'run'/name), 'save_dir': str(ev_dir)},
-                              workdir, f'eval-{name}', timeout_s)
+        ev_keys = {**keys, 'eval_only': True, 'checkpoint': str(workdir/'run'/name),
+                   'save_dir': str(ev_dir)}
+        code, _, err = _train(nprocs, ev_keys, workdir, f'eval-{name}', timeout_s)
         ev = out[name] = json.loads((ev_dir/'eval.json').read_text()) if code == 0 else None
         ok, detail = same_val(row, ev) if ev else (False, _why(code, err))
         what = 'the last epoch' if name == 'snapshot.pt' else f"the best epoch ({best_epoch})"
@@ -222,22 +259,26 @@ def check_run(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
 def check_bench(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
     "Both recipes through `bench.run_bench` on `nprocs` processes; (checks, report)."
     t0, cpu = time.monotonic(), not torch.cuda.is_available()
-    small = dict(warmup=1, steps=4, eval_batches=1, overrides=dict(image_size=32, resize_size=36, batch_size=16)) if cpu else {}
-    report = run_bench(['original', 'fast'], [nprocs], 'auto', out=Path(workdir)/'bench.json', timeout_s=timeout_s, verbose=False, **small)
+    small = dict(warmup=1, steps=4, eval_batches=1,
+                 overrides=dict(image_size=32, resize_size=36, batch_size=16)) if cpu else {}
+    report = run_bench(['original', 'fast'], [nprocs], 'auto', out=Path(workdir)/'bench.json',
+                       timeout_s=timeout_s, verbose=False, **small)
     fails = '; '.join(f['error'] for f in report['failures'])
-    return [check('benchmark: original and fast recipes', not report['failures'], fails or
-                  ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results']), t0)], report
+    speeds = ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results'])
+    return [check('benchmark: original and fast recipes', not report['failures'], fails or speeds,
+                  t0)], report
 
 # %% ../nbs/11_doctor.ipynb #c000001f
 PARTS = ('allreduce', 'run', 'bench')
 
 def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:float=600) -> dict:
-    "Every check on `nprocs` processes (default: every GPU, or 2 on CPU); the report, also written to `out` as JSON."
+    "Every check on `nprocs` processes (default: every GPU, or 2 on CPU); the report (JSON: `out`)."
     t_start, env = time.monotonic(), environment()
     nprocs = nprocs or (len(env['devices']) if env['device'] == 'cuda' else 2)
-    checks = [check('environment', env[f"{env['backend']}_available"] and (env['device'] == 'cpu' or nprocs <= len(env['devices'])),
-                    f"{nprocs} x {env['device']} ({env['devices'][0]['name']}), {env['backend']}, torch {env['torch']}, "
-                    f"CUDA {env['cuda'] or '-'}, NCCL {env['nccl'] or '-'}")]
+    fits = env['device'] == 'cpu' or nprocs <= len(env['devices'])
+    checks = [check('environment', env[f"{env['backend']}_available"] and fits,
+                    f"{nprocs} x {env['device']} ({env['devices'][0]['name']}), {env['backend']}, "
+                    f"torch {env['torch']}, CUDA {env['cuda'] or '-'}, NCCL {env['nccl'] or '-'}")]
     report = dict(nprocs=nprocs, environment=env, checks=checks)
     workdir = Path(workdir or tempfile.mkdtemp(prefix='cifar_ddp_doctor_'))
     for part in PARTS:
@@ -247,66 +288,92 @@ def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:floa
             if part == 'allreduce':
                 ar = report['allreduce'] = measure_allreduce(nprocs, workdir, timeout_s=timeout_s)
                 top = ar['rows'][-1]
-                checks.append(check('all-reduce: correct sums', all(r['correct'] for r in ar['rows']),
-                                    f"{ar['backend']}, {top['bytes'] / 2**20:g} MiB: busbw {top['busbw_gbs']:.2f} GB/s", t0))
-            elif part == 'run': cs, report['run'] = check_run(nprocs, workdir, timeout_s); checks += cs
-            else: cs, report['bench'] = check_bench(nprocs, workdir, timeout_s); checks += cs
+                ok = all(r['correct'] for r in ar['rows'])
+                checks.append(check('all-reduce: correct sums', ok,
+                                    f"{ar['backend']}, {top['bytes'] / 2**20:g} MiB: "
+                                    f"busbw {top['busbw_gbs']:.2f} GB/s", t0))
+            elif part == 'run':
+                cs, report['run'] = check_run(nprocs, workdir, timeout_s); checks += cs
+            else:
+                cs, report['bench'] = check_bench(nprocs, workdir, timeout_s); checks += cs
         except (BenchError, ConfigError, OSError, KeyError, ValueError) as e:
             checks.append(check(part, False, f"{type(e).__name__}: {e}", t0))
-    report.update(ok=all(c['ok'] for c in checks), failed=[c['name'] for c in checks if not c['ok']],
-                  workdir=str(workdir), wall_s=round(time.monotonic() - t_start, 1))
-    if out: Path(out).parent.mkdir(parents=True, exist_ok=True); Path(out).write_text(json.dumps(report, indent=1) + '\n')
+    failed = [c['name'] for c in checks if not c['ok']]
+    report.update(ok=not failed, failed=failed, workdir=str(workdir),
+                  wall_s=round(time.monotonic() - t_start, 1))
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=1) + '\n')
     return report
 
 # %% ../nbs/11_doctor.ipynb #c0000020
 def doctor_text(report:dict) -> str:
-    "The machine, the bandwidth table, the benchmark table and the checks, as the command prints them."
+    "The machine, the bandwidth and benchmark tables and the checks, as the command prints them."
     env, parts = report['environment'], []
-    parts.append(f"{report['nprocs']} process(es) on {env['device']}: " + '; '.join(f"{d['index']}: {d['name']}" for d in env['devices'])
-                 + f"\nbackend {env['backend']}, torch {env['torch']}, CUDA {env['cuda'] or '-'}, cuDNN {env['cudnn'] or '-'}, "
-                 f"NCCL {env['nccl'] or '-'}, python {env['python']}, host {env['host']}")
+    devices = '; '.join(f"{d['index']}: {d['name']}" for d in env['devices'])
+    parts.append(f"{report['nprocs']} process(es) on {env['device']}: {devices}\n"
+                 f"backend {env['backend']}, torch {env['torch']}, CUDA {env['cuda'] or '-'}, "
+                 f"cuDNN {env['cudnn'] or '-'}, NCCL {env['nccl'] or '-'}, python {env['python']}, "
+                 f"host {env['host']}")
     if 'allreduce' in report:
         ar = report['allreduce']
-        parts.append(f"world: {ar['world']}\ntorchrun set (rank 0): " + ' '.join(f"{k}={v}" for k, v in ar['torchrun_vars'].items()))
+        got = ' '.join(f"{k}={v}" for k, v in ar['torchrun_vars'].items())
+        parts.append(f"world: {ar['world']}\ntorchrun set (rank 0): {got}")
         parts.append(allreduce_table(ar))
     if 'bench' in report: parts.append(bench_table(report['bench']))
     lines = ['| check | result | seconds | detail |', '|---|---|--:|---|']
     for c in report['checks']:
-        lines.append(f"| {c['name']} | {'ok' if c['ok'] else 'FAILED'} | {c['seconds'] if c['seconds'] is not None else ''} "
+        secs = c['seconds'] if c['seconds'] is not None else ''
+        lines.append(f"| {c['name']} | {'ok' if c['ok'] else 'FAILED'} | {secs} "
                      f"| {c['detail'].replace('|', '/')} |")
-    parts.append('\n'.join(lines) + f"\n\n{'all checks passed' if report['ok'] else 'FAILED: ' + ', '.join(report['failed'])} "
-                 f"in {report['wall_s']:.0f} s; work files in {report['workdir']}")
+    verdict = 'all checks passed' if report['ok'] else 'FAILED: ' + ', '.join(report['failed'])
+    parts.append('\n'.join(lines) + f"\n\n{verdict} in {report['wall_s']:.0f} s; "
+                 f"work files in {report['workdir']}")
     return '\n\n'.join(parts)
 
 # %% ../nbs/11_doctor.ipynb #c0000021
 def _parser():
-    p = argparse.ArgumentParser(prog='cifar_ddp_doctor', allow_abbrev=False, description="Check this machine for distributed "
-        "training: devices and versions, all-reduce bandwidth, a real run killed, resumed and evaluated, and the benchmark.")
-    p.add_argument('--nprocs', type=int, default=None, help="processes (default: every visible GPU, or 2 on CPU)")
-    p.add_argument('--out', default='doctor.json', help="where the JSON report is written (default: doctor.json)")
-    p.add_argument('--workdir', default=None, help="where runs and logs go (default: a new temporary folder)")
-    p.add_argument('--skip', default='', help=f"comma-separated parts to leave out: {','.join(PARTS)}")
-    p.add_argument('--timeout_s', type=float, default=600, help="seconds one torchrun job may take (default: 600)")
+    p = argparse.ArgumentParser(prog='cifar_ddp_doctor', allow_abbrev=False, description=(
+        "Check this machine for distributed training: devices and versions, all-reduce bandwidth, "
+        "a real run killed, resumed and evaluated, and the benchmark."))
+    p.add_argument('--nprocs', type=int, default=None,
+                   help="processes (default: every visible GPU, or 2 on CPU)")
+    p.add_argument('--out', default='doctor.json',
+                   help="where the JSON report is written (default: doctor.json)")
+    p.add_argument('--workdir', default=None,
+                   help="where runs and logs go (default: a new temporary folder)")
+    p.add_argument('--skip', default='',
+                   help=f"comma-separated parts to leave out: {','.join(PARTS)}")
+    p.add_argument('--timeout_s', type=float, default=600,
+                   help="seconds one torchrun job may take (default: 600)")
     return p
 
+def _worker_main(argv):
+    "The all-reduce process that torchrun starts: `--worker --out FILE --sizes N,N,...`."
+    p = argparse.ArgumentParser()
+    p.add_argument('--worker', action='store_true')
+    p.add_argument('--out'); p.add_argument('--sizes')
+    a = p.parse_args(argv)
+    return allreduce_worker(a.out, [int(s) for s in a.sizes.split(',')])
+
 def main(argv=None):
-    "Console entry point `cifar_ddp_doctor` (and, with --worker, the all-reduce process that torchrun starts)."
+    "Console entry point `cifar_ddp_doctor` (and, with --worker, the all-reduce process)."
     argv = sys.argv[1:] if argv is None else list(argv)
-    if '--worker' in argv:
-        p = argparse.ArgumentParser(); p.add_argument('--worker', action='store_true'); p.add_argument('--out'); p.add_argument('--sizes')
-        a = p.parse_args(argv)
-        return allreduce_worker(a.out, [int(s) for s in a.sizes.split(',')])
+    if '--worker' in argv: return _worker_main(argv)
     a = _parser().parse_args(argv)
     skip = [s.strip() for s in a.skip.split(',') if s.strip()]
     bad = [s for s in skip if s not in PARTS]
     if bad or (a.nprocs is not None and a.nprocs < 1):
-        print(f"cifar_ddp_doctor: error: " + (f"--skip {','.join(bad)}: parts are {','.join(PARTS)}" if bad else
-              f"--nprocs {a.nprocs} must be at least 1"), file=sys.stderr, flush=True)
+        why = (f"--skip {','.join(bad)}: parts are {','.join(PARTS)}" if bad
+               else f"--nprocs {a.nprocs} must be at least 1")
+        print(f"cifar_ddp_doctor: error: {why}", file=sys.stderr, flush=True)
         sys.exit(2)
     report = doctor(a.nprocs, a.workdir, a.out, skip, a.timeout_s)
     print(doctor_text(report)); print(f"wrote {a.out}", flush=True)
     for c in report['checks']:
-        if not c['ok']: print(f"cifar_ddp_doctor: check '{c['name']}' failed: {c['detail']}", file=sys.stderr, flush=True)
+        if not c['ok']:
+            print(f"cifar_ddp_doctor: check '{c['name']}' failed: {c['detail']}", file=sys.stderr,
+                  flush=True)
     if not report['ok']: sys.exit(1)
 
 if __name__ == '__main__' and not in_notebook(): main()

@@ -11,20 +11,34 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from fastcore.basics import patch
 from tqdm.auto import tqdm
-from .config import (Config, ConfigError, PathError, config_dict, parse_cli, per_rank_batch_size,
-                                  check_paths, write_atomic)
-from .dist import (DistEnv, WorldError, PeerFailed, setup, teardown, seed_everything, in_order,
-                                describe_world, all_reduce_sum, all_reduce_max, in_notebook)
-from .data import DataError, get_datasets, build_loaders, build_eval_loader, train_transform, test_transform
+from .config import (Config, ConfigError, PathError, config_dict, parse_cli,
+                                  per_rank_batch_size, check_paths, write_atomic)
+from .dist import (DistEnv, WorldError, PeerFailed, setup, teardown, seed_everything,
+                                in_order, describe_world, all_reduce_sum, all_reduce_max,
+                                in_notebook)
+from .data import (DataError, get_datasets, build_loaders, build_eval_loader,
+                                train_transform, test_transform)
 from .metrics import AMP_DTYPES, SumMetric, evaluate
-from .model import (ModelError, build_model, prepare_model, build_optimizer, build_scheduler, no_sync,
-                                 min_batchnorm_values)
+from .model import (ModelError, build_model, prepare_model, build_optimizer,
+                                 build_scheduler, no_sync, min_batchnorm_values)
 from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unwrap,
                                       gather_rng_states, set_rng_state)
 
 # %% auto #0
-__all__ = ['peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'write_output', 'micro_batches_per_epoch',
-           'Trainer', 'set_kernel_flags', 'build_trainer', 'run', 'run_eval', 'main']
+__all__ = ['torchrun_cmd', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'write_output',
+           'micro_batches_per_epoch', 'Trainer', 'check_bn_batch', 'set_kernel_flags', 'build_trainer', 'run',
+           'run_eval', 'main']
+
+# %% ../nbs/06_train.ipynb #e0387b96
+def torchrun_cmd(nprocs:int, *args,
+                 module:str='cifar_ddp_tut.train',  # what every process runs
+                 launcher_args=(),     # torchrun's own options: --max-restarts=3, --nnodes=2, ...
+                 standalone:bool=True, # --standalone: one node, a rendezvous on a free port
+                ) -> list:
+    "`torchrun [--standalone] --nproc_per_node=nprocs *launcher_args -m module *args`, as a list."
+    launcher = [sys.executable, '-m', 'torch.distributed.run']  # the torchrun of this Python
+    return [*launcher, *(['--standalone'] if standalone else []),
+            f'--nproc_per_node={nprocs}', *map(str, launcher_args), '-m', module, *map(str, args)]
 
 # %% ../nbs/06_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
@@ -57,35 +71,39 @@ class OutputError(RuntimeError):
     "A file in save_dir could not be written; the previous file of that name is kept."
 
 def write_output(path, write, fix:str):
-    "`write_atomic(path, write)`; an OSError (disk full, permissions) becomes one `OutputError` ending in `fix`."
+    "`write_atomic(path, write)`; an OSError (disk full, permissions) becomes an `OutputError`."
     try: write_atomic(path, write)
-    except OSError as e: raise OutputError(f"could not write {str(path)!r} ({e.strerror or e}); {fix}") from None
+    except OSError as e:
+        raise OutputError(f"could not write {str(path)!r} ({e.strerror or e}); {fix}") from None
 
 def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
-    "Micro-batches trained per epoch of a loader's `n_batches`: max_steps_per_epoch caps it; whole steps only."
+    "Micro-batches an epoch of `n_batches` trains: capped by max_steps_per_epoch; whole steps only."
     k = cfg.accumulate_steps
     n = min(n_batches, cfg.max_steps_per_epoch * k) if cfg.max_steps_per_epoch else n_batches
     return n - n % k
 
 class Trainer:
     "DDP training with exact metrics, atomic snapshots and resume."
-    def __init__(self, cfg:Config, env:DistEnv, model, bare_model, optimizer, scheduler, train_loader, test_loader,
+    def __init__(self, cfg:Config, env:DistEnv, model, bare_model, optimizer, scheduler,
+                 train_loader, test_loader,
                  steps_per_epoch:int):  # micro-batches an epoch trains (`micro_batches_per_epoch`)
         self.cfg, self.env, self.model, self.bare = cfg, env, model, bare_model
         self.optimizer, self.scheduler = optimizer, scheduler
-        self.train_loader, self.test_loader, self.steps_per_epoch = train_loader, test_loader, steps_per_epoch
+        self.train_loader, self.test_loader = train_loader, test_loader
+        self.steps_per_epoch = steps_per_epoch
         self.on_step = []  # f(trainer) after every optimizer step: timing, logging
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp == 'fp16')
         self.save_dir = Path(cfg.save_dir)
         self.epochs_run, self.step, self.batches_done = 0, 0, 0
         self.history, self.lrs, self.best_acc, self.seconds = [], [], -1.0, 0.0
-        self.nonfinite = torch.zeros((), device=env.device)  # micro-batches with a nan/inf loss since the last check
+        # micro-batches with a nan/inf loss since the last check, counted on the device
+        self.nonfinite = torch.zeros((), device=env.device)
         self.checked_step = 0  # the optimizer step of the last finiteness check
 
 # %% ../nbs/06_train.ipynb #2ed7ed08
 @patch
 def train_mode(self:Trainer):
-    "Training mode; with freeze_bn, BatchNorm keeps using (and stops updating) its running statistics."
+    "Training mode; with freeze_bn, BatchNorm uses its running statistics and stops updating them."
     self.model.train()
     if self.cfg.freeze_bn:
         for m in self.model.modules():
@@ -93,7 +111,7 @@ def train_mode(self:Trainer):
 
 @patch
 def train_step(self:Trainer, x, y, sync:bool):
-    "Forward and backward of one micro-batch: (loss sum, logits); gradients are all-reduced only when `sync`."
+    "Forward and backward of one micro-batch: (loss sum, logits); gradients all-reduced if `sync`."
     amp = self.cfg.amp
     with no_sync(self.model, skip=not sync):
         with torch.autocast(self.env.device.type, dtype=AMP_DTYPES.get(amp), enabled=amp != 'none'):
@@ -115,26 +133,29 @@ def optimizer_step(self:Trainer):
 # %% ../nbs/06_train.ipynb #dcc65702
 @patch
 def check_finite(self:Trainer, epoch:int):
-    "All ranks decide together: raise `TrainingDiverged` on every rank if any rank saw a nan/inf loss."
-    bad = all_reduce_sum(self.nonfinite.clone())  # one rank skipping alone would leave the others hanging
+    "All ranks decide together: `TrainingDiverged` on every rank if any rank saw a nan/inf loss."
+    bad = all_reduce_sum(self.nonfinite.clone())  # one rank stopping alone: the others wait
     if bad.item():
         amp = "; with amp: fp16 try amp: bf16" if self.cfg.amp == 'fp16' else ""
         raise TrainingDiverged(
-            f"the training loss became nan or inf in epoch {epoch + 1}, between optimizer steps {self.checked_step} "
-            f"and {self.step}; the run stopped before writing anything more (save_dir's snapshot.pt and best.pt are "
-            f"from the last good epoch); lower lr (now {self.cfg.lr:g}) or raise warmup_steps{amp}")
+            f"the training loss became nan or inf in epoch {epoch + 1}, between optimizer steps "
+            f"{self.checked_step} and {self.step}; the run stopped before writing anything more "
+            f"(save_dir's snapshot.pt and best.pt are from the last good epoch); lower lr "
+            f"(now {self.cfg.lr:g}) or raise warmup_steps{amp}")
     self.checked_step = self.step
 
 # %% ../nbs/06_train.ipynb #2e4479a4
 @patch
 def run_epoch(self:Trainer, epoch:int) -> dict:
-    "Train `steps_per_epoch` micro-batches of epoch `epoch`; the epoch's exact loss and accuracy over all ranks."
-    self.train_loader.sampler.set_epoch(epoch)  # a different shuffle each epoch, identical on all ranks
+    "Train `steps_per_epoch` micro-batches of `epoch`; its exact loss and accuracy over all ranks."
+    self.train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on all ranks
     self.train_mode()
-    meter, k, dev, cfg = SumMetric(self.env.device), self.cfg.accumulate_steps, self.env.device, self.cfg
+    cfg, dev, k = self.cfg, self.env.device, self.cfg.accumulate_steps
+    meter = SumMetric(dev)
     skip = self.batches_done  # > 0 only when resuming a mid-epoch snapshot
     bar = tqdm(total=self.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epoch}",
-               disable=not self.env.is_main, mininterval=1.0 if sys.stderr.isatty() else 10.0, dynamic_ncols=True)
+               disable=not self.env.is_main, mininterval=1.0 if sys.stderr.isatty() else 10.0,
+               dynamic_ncols=True)
     try:
         for i, (x, y) in enumerate(self.train_loader):
             if i >= self.steps_per_epoch: break
@@ -149,11 +170,13 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
                 self.batches_done = i + 1
                 snap = (cfg.snapshot_every and self.step % cfg.snapshot_every == 0
                         and self.batches_done < self.steps_per_epoch)
-                if snap or self.step % cfg.log_every == 0: self.check_finite(epoch)  # every rank, same step
+                if snap or self.step % cfg.log_every == 0:
+                    self.check_finite(epoch)  # every rank, at the same step
                 if snap: self.save_snapshot(epoch_done=False, epoch=epoch)
             bar.update(1)
             if self.env.is_main and (i + 1) % cfg.log_every == 0:
-                bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}", lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
+                bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}",
+                                lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
     finally: bar.close()  # also when check_finite raises: the error line starts a line of its own
     self.check_finite(epoch)
     self.batches_done = 0
@@ -162,48 +185,55 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
 # %% ../nbs/06_train.ipynb #cadf38ec
 @patch
 def sync_buffers(self:Trainer):
-    "Give every rank rank 0's buffers (BatchNorm running statistics), which each rank's forward updated on its own."
+    "Give every rank rank 0's buffers (BatchNorm statistics, which each rank's forward updates)."
     if not dist.is_initialized(): return
     for b in self.bare.buffers(): dist.broadcast(b, src=0)
 
 @patch
 def evaluate(self:Trainer) -> dict:
-    "Exact loss and accuracy on the whole test set, of the model rank 0 saves (same buffers on every rank)."
+    "Exact loss and accuracy on the whole test set, of the model rank 0 saves (same buffers)."
     self.sync_buffers()
-    return evaluate(self.bare, self.test_loader, self.env.device, self.cfg.amp, self.cfg.channels_last)
+    cfg = self.cfg
+    return evaluate(self.bare, self.test_loader, self.env.device, cfg.amp, cfg.channels_last)
 
 # %% ../nbs/06_train.ipynb #631d9a0b
 @patch
 def _write(self:Trainer, name:str, write):
     "Rank 0 writes save_dir/name atomically; a failure names the file and what was kept."
-    write_output(self.save_dir/name, write, f"the previous {name} and snapshot.pt are kept; free space or fix the "
-                 f"permissions of save_dir, then run the same command again to resume")
+    write_output(self.save_dir/name, write, f"the previous {name} and snapshot.pt are kept; free "
+                 "space or fix the permissions of save_dir, then run the same command again to "
+                 "resume")
 
 @patch
 def save_snapshot(self:Trainer, epoch_done:bool, epoch:int):
-    "Everything needed to carry on (model, optimizer, schedule, step, history, every rank's RNG), written by rank 0."
+    "All that is needed to carry on (model, optimizer, schedule, history, every rank's RNG)."
     rng = gather_rng_states()  # every rank takes part, rank 0 writes
     if not self.env.is_main: return
     ck = dict(model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
               scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(),
-              epochs_run=epoch + 1 if epoch_done else epoch, batches_done=0 if epoch_done else self.batches_done,
-              step=self.step, history=self.history, lrs=self.lrs, best_acc=self.best_acc, seconds=self.seconds,
+              epochs_run=epoch + 1 if epoch_done else epoch,
+              batches_done=0 if epoch_done else self.batches_done, step=self.step,
+              history=self.history, lrs=self.lrs, best_acc=self.best_acc, seconds=self.seconds,
               world_size=self.env.world_size, rng=rng, config=config_dict(self.cfg))
     self._write('snapshot.pt', lambda f: torch.save(ck, f))
 
 @patch
 def load_snapshot(self:Trainer, path) -> int:
     "Resume from snapshot `path`; returns the world size it was saved with."
-    ck = load_checkpoint(path, map_location='cpu')  # RNG states must stay CPU tensors; load_state_dict moves the rest
+    # RNG states must stay CPU tensors; load_state_dict moves the rest onto the device
+    ck = load_checkpoint(path, map_location='cpu')
     load_model_state(self.model, ck, path)
     try:
-        self.optimizer.load_state_dict(ck['optimizer']); self.scheduler.load_state_dict(ck['scheduler'])
-        self.scaler.load_state_dict(ck['scaler'])
-        self.epochs_run, self.batches_done, self.step = ck['epochs_run'], ck['batches_done'], ck['step']
-        self.history, self.lrs, self.best_acc, self.seconds = ck['history'], ck['lrs'], ck['best_acc'], ck['seconds']
+        self.optimizer.load_state_dict(ck['optimizer'])
+        self.scheduler.load_state_dict(ck['scheduler']); self.scaler.load_state_dict(ck['scaler'])
+        self.epochs_run, self.batches_done = ck['epochs_run'], ck['batches_done']
+        self.step = ck['step']
+        self.history, self.lrs = ck['history'], ck['lrs']
+        self.best_acc, self.seconds = ck['best_acc'], ck['seconds']
     except (KeyError, ValueError, TypeError) as e:
-        raise CheckpointError(f"snapshot {str(path)!r} is incomplete or from another version ({type(e).__name__}: {e}); "
-                              f"start fresh with --resume false, or delete it") from None
+        raise CheckpointError(
+            f"snapshot {str(path)!r} is incomplete or from another version ({type(e).__name__}: "
+            f"{e}); start fresh with --resume false, or delete it") from None
     self.checked_step = self.step
     if ck['world_size'] == self.env.world_size: set_rng_state(ck['rng'][self.env.rank])
     else: seed_everything(self.cfg.seed + self.env.rank + 1000 * self.epochs_run)
@@ -222,22 +252,26 @@ def fit(self:Trainer):
         secs = time.perf_counter() - t0
         self.seconds += secs
         peak = peak_memory_gb(env.device)
-        row = dict(epoch=epoch, train_loss=train['loss'], train_acc=train['acc'], val_loss=val['loss'],
-                   val_acc=val['acc'], val_count=val['count'], lr=self.lrs[-1] if self.lrs else cfg.lr,
-                   seconds=round(secs, 3), images_per_s=round(train['count'] / train_secs, 1),
-                   peak_mem_gb=round(peak, 3), step=self.step)
+        row = dict(epoch=epoch, train_loss=train['loss'], train_acc=train['acc'],
+                   val_loss=val['loss'], val_acc=val['acc'], val_count=val['count'],
+                   lr=self.lrs[-1] if self.lrs else cfg.lr, seconds=round(secs, 3),
+                   images_per_s=round(train['count'] / train_secs, 1), peak_mem_gb=round(peak, 3),
+                   step=self.step)
         self.history.append(row)
         improved = val['acc'] > self.best_acc
         if improved: self.best_acc = val['acc']
         if env.is_main:
-            text = ''.join(json.dumps(h) + '\n' for h in self.history)  # the whole history: a resume never duplicates lines
+            # the whole history each time: a resumed run never duplicates a line
+            text = ''.join(json.dumps(h) + '\n' for h in self.history)
             self._write('metrics.jsonl', lambda f: f.write(text.encode()))
             if improved:
-                best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val['acc'], config=config_dict(cfg))
+                best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val['acc'],
+                            config=config_dict(cfg))
                 self._write('best.pt', lambda f: torch.save(best, f))
-            print(f"epoch {epoch + 1}/{cfg.epoch}: train loss {train['loss']:.4f} acc {train['acc']:.4f} | "
-                  f"val loss {val['loss']:.4f} acc {val['acc']:.4f} ({val['count']} images) | "
-                  f"{secs:.1f} s, {row['images_per_s']:.0f} train img/s, peak mem {peak:.2f} GB", flush=True)
+            print(f"epoch {epoch + 1}/{cfg.epoch}: train loss {train['loss']:.4f} "
+                  f"acc {train['acc']:.4f} | val loss {val['loss']:.4f} acc {val['acc']:.4f} "
+                  f"({val['count']} images) | {secs:.1f} s, {row['images_per_s']:.0f} train img/s, "
+                  f"peak mem {peak:.2f} GB", flush=True)
         self.save_snapshot(epoch_done=True, epoch=epoch)
         self.epochs_run = epoch + 1
     return self.history
@@ -245,8 +279,9 @@ def fit(self:Trainer):
 # %% ../nbs/06_train.ipynb #97dc5205
 @patch
 def replicas_in_sync(self:Trainer) -> float:
-    "Largest difference between any rank's parameters and buffers and rank 0's (0.0 when the replicas are one model)."
-    flat = torch.cat([t.detach().double().flatten() for t in (*self.bare.parameters(), *self.bare.buffers())])
+    "Largest difference between any rank's parameters and buffers and rank 0's (0.0: one model)."
+    tensors = (*self.bare.parameters(), *self.bare.buffers())
+    flat = torch.cat([t.detach().double().flatten() for t in tensors])
     if not dist.is_initialized(): return 0.0
     ref = flat.clone()
     dist.broadcast(ref, src=0)
@@ -258,47 +293,50 @@ def plot(self:Trainer):
     if not self.env.is_main or not self.history: return None
     peak = max(h['peak_mem_gb'] for h in self.history)
     kind = 'GPU memory' if self.env.device.type == 'cuda' else 'peak RSS'
-    return plot_history(self.history, self.lrs, self.save_dir/'curves.png',
-                        title=f"{kind}: {peak:.2f} GB, duration: {self.seconds:.0f} s, "
-                              f"{self.env.world_size} x {self.env.device.type}, best val acc {self.best_acc:.4f}")
+    env = self.env
+    title = (f"{kind}: {peak:.2f} GB, duration: {self.seconds:.0f} s, "
+             f"{env.world_size} x {env.device.type}, best val acc {self.best_acc:.4f}")
+    return plot_history(self.history, self.lrs, self.save_dir/'curves.png', title=title)
 
-# %% ../nbs/06_train.ipynb #93afcd06
-def set_kernel_flags(cfg:Config, device:torch.device):
-    "cuDNN's autotuner on CUDA: training shapes are fixed, so timing the convolution algorithms once pays off."
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and device.type == 'cuda'
-
-def _check_bn_batch(model, cfg:Config, world_size:int):
-    "A per-rank batch of one image cannot train BatchNorm when a feature map is 1 x 1: say so before training."
+# %% ../nbs/06_train.ipynb #547304e2
+def check_bn_batch(model, cfg:Config, world_size:int):
+    "ConfigError if one image per rank and micro-step leaves a BatchNorm layer 1 value a channel."
     per_rank = per_rank_batch_size(cfg, world_size)
     if per_rank > 1 or cfg.freeze_bn or cfg.sync_bn: return
     v = min_batchnorm_values(model, cfg.image_size)
-    if v is not None and v <= 1:
-        need = 2 * world_size * cfg.accumulate_steps
-        raise ConfigError(f"batch_size={cfg.batch_size} leaves 1 image per rank and micro-step, and a BatchNorm layer of "
-                          f"{cfg.model} at image_size={cfg.image_size} then sees 1 value per channel, too few to train; "
-                          f"use batch_size >= {need}, or freeze_bn: true (or sync_bn: true on GPUs)")
+    if v is None or v > 1: return
+    need = 2 * world_size * cfg.accumulate_steps
+    raise ConfigError(
+        f"batch_size={cfg.batch_size} leaves 1 image per rank and micro-step, and a BatchNorm "
+        f"layer of {cfg.model} at image_size={cfg.image_size} then sees 1 value per channel, too "
+        f"few to train; use batch_size >= {need}, or freeze_bn: true (or sync_bn: true on GPUs)")
+
+# %% ../nbs/06_train.ipynb #93afcd06
+def set_kernel_flags(cfg:Config, device:torch.device):
+    "cuDNN's autotuner on CUDA: training shapes are fixed, so timing the algorithms once pays off."
+    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and device.type == 'cuda'
 
 def build_trainer(cfg:Config, env:DistEnv) -> Trainer:
     "Data, model, optimizer and schedule for this rank, wrapped in a Trainer."
-    per_rank_batch_size(cfg, env.world_size)  # fail before anything else if the batch does not divide
+    per_rank_batch_size(cfg, env.world_size)  # fail first if the batch does not divide
     set_kernel_flags(cfg, env.device)
     seed_everything(cfg.seed)  # identical initial weights (DDP would broadcast rank 0's anyway)
     model = in_order(lambda: build_model(cfg), env, 'loading the model weights')
-    _check_bn_batch(model, cfg, env.world_size)
-    train_ds, test_ds = get_datasets(cfg, env, None if cfg.device_data else train_transform(cfg),
-                                     None if cfg.device_data else test_transform(cfg))
+    check_bn_batch(model, cfg, env.world_size)
+    tfm = not cfg.device_data  # the fast recipe augments on the device instead
+    train_ds, test_ds = get_datasets(cfg, env, train_transform(cfg) if tfm else None,
+                                     test_transform(cfg) if tfm else None)
     train_loader, test_loader = build_loaders(cfg, env, train_ds, test_ds)
     model, bare = prepare_model(model, cfg, env)
     optimizer = build_optimizer(model, cfg, env)
-    steps = micro_batches_per_epoch(len(train_loader), cfg) // cfg.accumulate_steps
-    scheduler = build_scheduler(optimizer, cfg, max(1, steps) * cfg.epoch)
+    micro = micro_batches_per_epoch(len(train_loader), cfg)
+    scheduler = build_scheduler(optimizer, cfg, max(1, micro // cfg.accumulate_steps) * cfg.epoch)
     seed_everything(cfg.seed + env.rank)  # augmentations differ between ranks
-    return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader,
-                   micro_batches_per_epoch(len(train_loader), cfg))
+    return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader, micro)
 
 # %% ../nbs/06_train.ipynb #a53a9730
 def run(cfg:Config, env:DistEnv):
-    "Train (resuming from save_dir/snapshot.pt when there is one) or, with eval_only, evaluate a checkpoint."
+    "Train (resuming from save_dir/snapshot.pt if there is one) or, with eval_only, evaluate."
     world = describe_world(env)
     if env.is_main: print(f"world: {world}", flush=True)
     if cfg.eval_only: return run_eval(cfg, env)
@@ -307,56 +345,70 @@ def run(cfg:Config, env:DistEnv):
     if cfg.resume and snap.exists():
         ws = trainer.load_snapshot(snap)
         if env.is_main:
+            into = f", {trainer.batches_done} batches into the next" if trainer.batches_done else ""
+            reseed = (f" (saved with world_size={ws}, now {env.world_size}: random streams "
+                      "re-seeded)" if ws != env.world_size else "")
             print(f"resuming from {snap}: {trainer.epochs_run} of {cfg.epoch} epochs done"
-                  + (f", {trainer.batches_done} batches into the next" if trainer.batches_done else "")
-                  + (f" (saved with world_size={ws}, now {env.world_size}: random streams re-seeded)" if ws != env.world_size else ""), flush=True)
+                  f"{into}{reseed}", flush=True)
     elif env.is_main and snap.exists():
         print(f"resume=false: starting fresh; {snap} will be overwritten", flush=True)
     if env.is_main:
-        print(f"{env.world_size} process(es) on {env.device.type} ({env.backend or 'no process group'}), "
-              f"batch {cfg.batch_size} = {env.world_size} x {per_rank_batch_size(cfg, env.world_size)}"
-              + (f" x {cfg.accumulate_steps} micro-steps" if cfg.accumulate_steps > 1 else "")
-              + f", {trainer.steps_per_epoch // cfg.accumulate_steps} steps per epoch", flush=True)
+        k = cfg.accumulate_steps
+        micro = f" x {k} micro-steps" if k > 1 else ""
+        per_rank = per_rank_batch_size(cfg, env.world_size)
+        print(f"{env.world_size} process(es) on {env.device.type} "
+              f"({env.backend or 'no process group'}), batch {cfg.batch_size} = {env.world_size} "
+              f"x {per_rank}{micro}, {trainer.steps_per_epoch // k} steps per epoch", flush=True)
     trainer.fit()
     drift = trainer.replicas_in_sync()
-    if env.is_main: print(f"replicas in sync: max |parameter and buffer difference| over {env.world_size} rank(s) = {drift:.3g}", flush=True)
+    if env.is_main:
+        print(f"replicas in sync: max |parameter and buffer difference| over {env.world_size} "
+              f"rank(s) = {drift:.3g}", flush=True)
     if cfg.plot: trainer.plot()
     return trainer
 
 # %% ../nbs/06_train.ipynb #f9d6228c
 def run_eval(cfg:Config, env:DistEnv) -> dict:
-    "Evaluate `cfg.checkpoint` over all ranks, for any world size; rank 0 writes save_dir/eval.json."
+    "Evaluate `cfg.checkpoint` on all ranks, any world size; rank 0 writes save_dir/eval.json."
     set_kernel_flags(cfg, env.device)
     cfg = dataclasses.replace(cfg, pretrained=False)  # the checkpoint brings the weights
     model = build_model(cfg)
     ck = load_checkpoint(cfg.checkpoint, map_location='cpu')
     load_model_state(model, ck, cfg.checkpoint)
-    model = model.to(env.device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
+    model = model.to(env.device, memory_format=fmt)
     _, test_ds = get_datasets(cfg, env, None, None if cfg.device_data else test_transform(cfg))
-    loader = build_eval_loader(cfg, env, test_ds, max(1, cfg.batch_size // env.world_size))  # no need to divide evenly
+    per_rank = max(1, cfg.batch_size // env.world_size)  # need not divide evenly
+    loader = build_eval_loader(cfg, env, test_ds, per_rank)
     res = evaluate(model, loader, env.device, cfg.amp, cfg.channels_last)
     res.update(checkpoint=str(cfg.checkpoint), world_size=env.world_size)
     if env.is_main:
         text = json.dumps(res, indent=1) + '\n'
-        write_output(Path(cfg.save_dir)/'eval.json', lambda f: f.write(text.encode()), "choose a save_dir you can write to")
-        print(f"eval {cfg.checkpoint}: {res['count']} images, {res['correct']} correct, acc {res['acc']:.4f}, loss {res['loss']:.4f}", flush=True)
+        write_output(Path(cfg.save_dir)/'eval.json', lambda f: f.write(text.encode()),
+                     "choose a save_dir you can write to")
+        print(f"eval {cfg.checkpoint}: {res['count']} images, {res['correct']} correct, "
+              f"acc {res['acc']:.4f}, loss {res['loss']:.4f}", flush=True)
     return res
 
 # %% ../nbs/06_train.ipynb #069bf4a8
-_EXPECTED = (ConfigError, DataError, ModelError, CheckpointError, WorldError, TrainingDiverged, OutputError)
-_SAME_ON_ALL_RANKS = (ConfigError, CheckpointError, TrainingDiverged)  # every rank reaches the same verdict: rank 0 says it
-# gloo reports a dead or silent peer as a plain RuntimeError; these words identify it. NCCL, the TCP store and
-# the rendezvous raise torch's own types (torch.distributed.DistError and its subclasses), caught by type.
-_PEER_WORDS = ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer', 'connection refused')
+_EXPECTED = (ConfigError, DataError, ModelError, CheckpointError, WorldError, TrainingDiverged,
+             OutputError)
+# every rank reaches the same verdict on these: rank 0 says it
+_SAME_ON_ALL_RANKS = (ConfigError, CheckpointError, TrainingDiverged)
+# gloo reports a dead or silent peer as a plain RuntimeError; these words identify it. NCCL, the TCP
+# store and the rendezvous raise torch's own types (torch.distributed.DistError and subclasses).
+_PEER_WORDS = ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer',
+               'connection refused')
 
 def _peer_failure(e:BaseException) -> bool:
     "Is `e` a collective failing because another process died or stopped answering?"
-    if isinstance(e, dist.DistError): return True  # DistBackendError, DistNetworkError, DistStoreError
-    return isinstance(e, (RuntimeError, TimeoutError)) and any(w in str(e).lower() for w in _PEER_WORDS)
+    if isinstance(e, dist.DistError): return True  # DistBackendError, DistNetworkError, ...
+    words = str(e).lower()
+    return isinstance(e, (RuntimeError, TimeoutError)) and any(w in words for w in _PEER_WORDS)
 
 def _report(e:BaseException, rank:int, local_rank:int, world_size:int):
     if isinstance(e, PeerFailed) and rank != 0: return  # the failing rank speaks for itself
-    if isinstance(e, PathError):  # paths can differ between machines: the first process of each node speaks
+    if isinstance(e, PathError):  # paths can differ between nodes: each node's first process speaks
         if local_rank != 0: return
     elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return
     who = f"[rank {rank}] " if world_size > 1 and not isinstance(e, _SAME_ON_ALL_RANKS) else ""
@@ -366,17 +418,20 @@ def _interrupted_note(save_dir) -> str:
     "What a Ctrl-C leaves behind, in words."
     snap = Path(save_dir)/'snapshot.pt'
     try: ck = load_checkpoint(snap)
-    except CheckpointError: return "no snapshot was written yet; run the same command again to start over"
-    where = f"{ck['epochs_run']} epoch(s)" + (f" and {ck['batches_done']} batches" if ck.get('batches_done') else "")
+    except CheckpointError:
+        return "no snapshot was written yet; run the same command again to start over"
+    where = f"{ck['epochs_run']} epoch(s)"
+    if ck.get('batches_done'): where += f" and {ck['batches_done']} batches"
     return f"{snap} holds {where}; run the same command again to resume from it"
 
 # %% ../nbs/06_train.ipynb #7f61454f
 def main(argv=None):
     "Command-line entry point: `torchrun ... -m cifar_ddp_tut.train --cfg FILE [--key value ...]`."
     e_ = os.environ
-    rank, local_rank, ws = int(e_.get('RANK', 0)), int(e_.get('LOCAL_RANK', 0)), int(e_.get('WORLD_SIZE', 1))
+    rank, local_rank = int(e_.get('RANK', 0)), int(e_.get('LOCAL_RANK', 0))
+    ws = int(e_.get('WORLD_SIZE', 1))
     interrupted = []
-    def on_sigint(signum, frame):  # the first Ctrl-C interrupts; later ones (torchrun forwards it too) are only noted
+    def on_sigint(signum, frame):  # the first Ctrl-C interrupts; torchrun forwards later ones too
         interrupted.append(signum)
         if len(interrupted) == 1: raise KeyboardInterrupt
     signal.signal(signal.SIGINT, on_sigint)
@@ -387,7 +442,8 @@ def main(argv=None):
         env = setup(cfg.backend, cfg.timeout_s)
         run(cfg, env)
     except BaseException as e:
-        if interrupted or isinstance(e, KeyboardInterrupt):  # a peer's error caused by the same Ctrl-C is not news
+        # a peer's error caused by the same Ctrl-C is not news
+        if interrupted or isinstance(e, KeyboardInterrupt):
             if rank == 0:
                 note = _interrupted_note(cfg.save_dir) if cfg else "nothing was started"
                 print(f"cifar_ddp_train: interrupted; {note}", file=sys.stderr, flush=True)
@@ -395,8 +451,10 @@ def main(argv=None):
         elif isinstance(e, _EXPECTED):
             _report(e, rank, local_rank, ws); code = 2 if isinstance(e, ConfigError) else 1
         elif _peer_failure(e):
-            print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer within timeout_s "
-                  f"({type(e).__name__}: {str(e).splitlines()[0][:160]}); see the first failing rank's message",
+            first = str(e).splitlines()[0][:160]
+            print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer "
+                  f"within timeout_s ({type(e).__name__}: {first}); see the first failing rank's "
+                  "message",
                   file=sys.stderr, flush=True)
             code = 1
         else: raise

@@ -2,14 +2,10 @@
 import json, os, subprocess, sys, time
 from pathlib import Path
 import psutil
+from cifar_ddp_tut.train import torchrun_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT/'config'/'cpu_quickstart.yaml'
-
-
-def _torchrun_cmd(nproc, args, launcher_args=(), standalone=True):
-    return [sys.executable, '-m', 'torch.distributed.run', *(['--standalone'] if standalone else []),
-            f'--nproc_per_node={nproc}', *launcher_args, '-m', 'cifar_ddp_tut.train', *map(str, args)]
 
 
 def _env(extra_env):
@@ -19,8 +15,8 @@ def _env(extra_env):
 def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=()):
     "Run `torchrun --standalone --nproc_per_node=nproc -m cifar_ddp_tut.train *args`; (CompletedProcess, seconds)."
     t0 = time.monotonic()
-    p = subprocess.run(_torchrun_cmd(nproc, args, launcher_args), capture_output=True, text=True, timeout=timeout,
-                       env=_env(extra_env), cwd=ROOT)
+    cmd = torchrun_cmd(nproc, *args, launcher_args=launcher_args)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(extra_env), cwd=ROOT)
     return p, time.monotonic() - t0
 
 
@@ -41,8 +37,8 @@ def start_torchrun(nproc, *args, log_dir, launcher_args=(), extra_env=None, stan
     log_dir = Path(log_dir); log_dir.mkdir(parents=True, exist_ok=True)
     n = len(list(log_dir.glob('*.out')))
     out, err = open(log_dir/f'{n}.out', 'w'), open(log_dir/f'{n}.err', 'w')
-    p = subprocess.Popen(_torchrun_cmd(nproc, args, launcher_args, standalone), stdout=out, stderr=err, env=_env(extra_env),
-                         cwd=ROOT, start_new_session=True)
+    cmd = torchrun_cmd(nproc, *args, launcher_args=launcher_args, standalone=standalone)
+    p = subprocess.Popen(cmd, stdout=out, stderr=err, env=_env(extra_env), cwd=ROOT, start_new_session=True)
     p.out_path, p.err_path = log_dir/f'{n}.out', log_dir/f'{n}.err'
     return p
 

@@ -48,9 +48,9 @@ def test_elastic_restarts_every_time(tmp_path):
     same_history(hist, reference)
 
 
-def _alone(rank, timeout_s, code=None):
-    "Start the training program as `rank` of a world of 2 whose other rank never comes; (CompletedProcess, seconds)."
-    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'WORLD_SIZE': '2', 'RANK': str(rank), 'LOCAL_RANK': '0',
+def _alone(rank, timeout_s, code=None, world_size=2):
+    "Start the training program (or `code`) as `rank` of a world whose other ranks never come; (CompletedProcess, seconds)."
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'WORLD_SIZE': str(world_size), 'RANK': str(rank), 'LOCAL_RANK': '0',
            'LOCAL_WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(free_port())}
     cmd = [sys.executable, '-c', code] if code else [sys.executable, '-m', 'cifar_ddp_tut.train', '--cfg', QUICKSTART,
                                                     '--timeout_s', str(timeout_s), '--plot', 'false']
@@ -72,14 +72,14 @@ def test_elastic_connect_honours_timeout(rank):
 
 
 def test_elastic_connect_watchdog_ends_a_stuck_call():
-    "A connect step stuck where Python cannot interrupt it: the watchdog prints the one line and exits at timeout_s + 5."
+    """A connect step stuck where Python cannot interrupt it: the watchdog prints the one line and exits at timeout_s + 5.
+    A world of one: the store and the agreement on an attempt id run for real and pass; torch's public
+    `init_process_group` is replaced by a sleep, standing in for gloo stuck in C++."""
     hang = ("import time, torch.distributed as dist\n"
-            "import cifar_ddp_tut.dist as d\n"
-            "d.rendezvous = lambda *a, **k: iter([(dist.HashStore(), 0, 2)])  # a store that works\n"
-            "d._agree_on_attempt = lambda *a: 'x'\n"
-            "dist.init_process_group = lambda *a, **k: time.sleep(600)  # stands in for gloo stuck in C++\n"
-            "d.setup('gloo', 2)\n")
-    p, secs = _alone(0, 2, code=hang)
+            "dist.init_process_group = lambda *a, **k: time.sleep(600)\n"
+            "from cifar_ddp_tut.dist import setup\n"
+            "setup('gloo', 2)\n")
+    p, secs = _alone(0, 2, code=hang, world_size=1)
     lines = [l for l in p.stderr.splitlines() if 'could not join' in l]
     print(f"stuck connect: exit {p.returncode} after {secs:.1f} s: {lines}")
     assert p.returncode == 1 and len(lines) == 1, p.stderr[-2000:]

@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from ..dist import DistEnv, all_reduce_sum, barrier, env_ranks, in_order
 from ..metrics import evaluate
-from ..checkpoint import CheckpointError, load_checkpoint, load_model_state, save_atomic, unwrap
+from ..checkpoint import (CheckpointError, load_checkpoint, load_model_state,
+                                      save_atomic, unwrap)
 
 # %% auto #0
 __all__ = ['epoch_orders', 'demo_set_epoch', 'AnswerKey', 'demo_padded_eval', 'Timeline', 'epoch_end_wrong', 'epoch_end_fixed',
@@ -22,8 +23,9 @@ __all__ = ['epoch_orders', 'demo_set_epoch', 'AnswerKey', 'demo_padded_eval', 'T
 
 # %% ../../nbs/10_pitfalls.ipynb #2491fc84
 def epoch_orders(env:DistEnv, n:int=12, epochs:int=3, call_set_epoch:bool=True) -> list:
-    "This rank's indices in each of `epochs` epochs of a shuffling `DistributedSampler` over `n` items."
-    sampler = DistributedSampler(range(n), num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=0)
+    "This rank's indices in each of `epochs` epochs of a shuffling `DistributedSampler` of `n`."
+    sampler = DistributedSampler(range(n), num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                 seed=0)
     orders = []
     for epoch in range(epochs):
         if call_set_epoch: sampler.set_epoch(epoch)  # the line that is easy to forget
@@ -36,7 +38,7 @@ def demo_set_epoch(env:DistEnv, n:int=12, epochs:int=3) -> dict:
 
 # %% ../../nbs/10_pitfalls.ipynb #3daf0916
 class AnswerKey(nn.Module):
-    "A stand-in classifier with known answers: its input is the image index; right on the first `n_right` of `n`."
+    "A stand-in classifier whose input is the image index: right on the first `n_right` of `n`."
     def __init__(self, n:int, n_right:int, n_classes:int=10):
         super().__init__()
         labels = torch.arange(n) % n_classes
@@ -46,16 +48,18 @@ class AnswerKey(nn.Module):
 
 def _evaluate_with(env, sampler, n, n_right):
     ds = TensorDataset(torch.arange(n), torch.arange(n) % 10)
-    stats = evaluate(AnswerKey(n, n_right), DataLoader(ds, batch_size=4, sampler=sampler), env.device)
+    loader = DataLoader(ds, batch_size=4, sampler=sampler)
+    stats = evaluate(AnswerKey(n, n_right), loader, env.device)
     return dict(indices=list(sampler), **stats)
 
 def demo_padded_eval(env:DistEnv,
                      n:int=10,       # test images
                      n_right:int=5,  # the stand-in model is right on the first n_right of them
                     ) -> dict:
-    "Evaluate `AnswerKey` on `n` images through `DistributedSampler` (wrong) and `ShardSampler` (fixed)."
-    from cifar_ddp_tut.data import ShardSampler  # here, not at the top: the data module imports torchvision
-    return dict(wrong=_evaluate_with(env, DistributedSampler(range(n), env.world_size, env.rank, shuffle=False), n, n_right),
+    "`AnswerKey` on `n` images through `DistributedSampler` (wrong) and `ShardSampler` (fixed)."
+    from cifar_ddp_tut.data import ShardSampler  # here, not at the top: data imports torchvision
+    padding = DistributedSampler(range(n), env.world_size, env.rank, shuffle=False)
+    return dict(wrong=_evaluate_with(env, padding, n, n_right),
                 fixed=_evaluate_with(env, ShardSampler(n, env.world_size, env.rank), n, n_right))
 
 # %% ../../nbs/10_pitfalls.ipynb #5aaeba9b
@@ -74,12 +78,12 @@ class Timeline:
         finally: ev['end'] = time.time() - self.t0; self.events.append(ev)
 
 def epoch_end_wrong(env:DistEnv, loss_sum:torch.Tensor, group, step:Timeline):
-    "Reduce the loss for the log line on rank 0 only, then the end-of-epoch barrier; the log line."
+    "Reduce the loss for the log line on rank 0 only, then the epoch's last barrier; the log line."
     line = None
     if env.is_main:
-        with step('all_reduce'): dist.all_reduce(loss_sum, group=group)  # rank 0 waits here for the others...
+        with step('all_reduce'): dist.all_reduce(loss_sum, group=group)  # rank 0 waits here...
         line = f"epoch loss {loss_sum.item():.2f}"
-    with step('barrier'): dist.barrier(group=group)                       # ...who wait here for rank 0
+    with step('barrier'): dist.barrier(group=group)  # ...for the others, who wait here for rank 0
     return line
 
 def epoch_end_fixed(env:DistEnv, loss_sum:torch.Tensor, group, step:Timeline):
@@ -90,12 +94,13 @@ def epoch_end_fixed(env:DistEnv, loss_sum:torch.Tensor, group, step:Timeline):
     return line
 
 def demo_rank0_only_collective(env:DistEnv,
-                               timeout_s:float=3.0,  # how long a collective waits for the other ranks
+                               timeout_s:float=3.0,  # how long a collective waits for the others
                               ) -> dict:
-    "The fixed epoch end, then the wrong one, on a group whose collectives time out after `timeout_s`; each rank's timeline."
+    "The fixed epoch end, then the wrong one, with a `timeout_s` timeout; each rank's timeline."
     group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
     out = {}
-    for case, epoch_end in (('fixed', epoch_end_fixed), ('wrong', epoch_end_wrong)):  # fixed first: a timed-out group is spent
+    # the fixed case first: a group whose collective timed out is spent
+    for case, epoch_end in (('fixed', epoch_end_fixed), ('wrong', epoch_end_wrong)):
         barrier(env); step = Timeline()
         try: line = epoch_end(env, torch.tensor([float(env.rank + 1)]), group, step)
         except RuntimeError: line = None  # recorded by the timeline
@@ -108,10 +113,11 @@ def archive_bytes(size:int=1 << 19) -> bytes:
     return gzip.compress(random.Random(0).randbytes(size), mtime=0)
 
 def slow_write(data:bytes, path, chunks:int=10, pause_s:float=0.06):
-    "Write `data` to `path` in place, a chunk at a time: a slow network, or a big `torch.save` onto a network disk."
+    "Write `data` to `path` in place, a chunk at a time: a slow network, or a big save, slow disk."
     with open(path, 'wb') as f:
         for i in range(chunks):
-            f.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks]); f.flush(); time.sleep(pause_s)
+            f.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks]); f.flush()
+            time.sleep(pause_s)
 
 def fake_download(dest,
                   latency_s:float=0.3,  # connecting: the file does not exist yet
@@ -132,14 +138,14 @@ def download_if_missing(dest, atomic:bool=False) -> int:
     return 0 if Path(dest).exists() else fake_download(dest, atomic=atomic)
 
 def unpack(dest) -> str:
-    "'ok' if `dest` is a complete gzip archive (gzip checks length and CRC), else what its reader gets."
+    "'ok' if `dest` is a complete gzip archive (gzip checks length and CRC), else the error."
     try: return 'ok' if gzip.decompress(Path(dest).read_bytes()) else 'the file is empty'
     except Exception as e: return f"{type(e).__name__}: {e}"
 
 def demo_download(env:DistEnv, root,
-                  arrive_s:tuple=(0.0, 0.0, 0.6),  # when each rank (modulo its length) reaches the download
+                  arrive_s:tuple=(0.0, 0.0, 0.6),  # when rank r reaches the download (r mod 3)
                  ) -> dict:
-    "Every rank runs the guard at once (wrong), then inside `in_order` with an atomic write (fixed); bytes fetched and what each rank read."
+    "The guard on every rank at once (wrong), then in `in_order`, written atomically (fixed)."
     out = {}
     for case in ('wrong', 'fixed'):
         dest = Path(root)/case/'cifar-10-python.tar.gz'
@@ -152,24 +158,26 @@ def demo_download(env:DistEnv, root,
 
 # %% ../../nbs/10_pitfalls.ipynb #ab4ff3fc
 def torchrun_env(rank:int, nodes:int, procs_per_node:int, master_addr:str='node0') -> dict:
-    "The variables torchrun sets for global `rank` in a job of `nodes` x `procs_per_node` processes."
-    return dict(RANK=str(rank), LOCAL_RANK=str(rank % procs_per_node), GROUP_RANK=str(rank // procs_per_node),
-                WORLD_SIZE=str(nodes * procs_per_node), LOCAL_WORLD_SIZE=str(procs_per_node),
-                MASTER_ADDR=master_addr, MASTER_PORT='29500')
+    "The variables torchrun sets for global `rank` in a job of `nodes` x `procs_per_node`."
+    return dict(RANK=str(rank), LOCAL_RANK=str(rank % procs_per_node),
+                GROUP_RANK=str(rank // procs_per_node), WORLD_SIZE=str(nodes * procs_per_node),
+                LOCAL_WORLD_SIZE=str(procs_per_node), MASTER_ADDR=master_addr, MASTER_PORT='29500')
 
 def demo_rank_vs_local_rank(env:DistEnv,
                             n:int=12,              # images to shard
-                            procs_per_node:int=2,  # the job is world_size // procs_per_node nodes of this many
+                            procs_per_node:int=2,  # the job is world_size // procs_per_node nodes
                            ) -> dict:
-    "Shard `n` images and pick the main process by LOCAL_RANK (wrong) and by RANK (fixed), as if on node `rank // procs_per_node`."
+    "Shard `n` images and pick the main process by LOCAL_RANK (wrong) and by RANK (fixed)."
     r = env_ranks(torchrun_env(env.rank, env.world_size // procs_per_node, procs_per_node))
     out = {}
     for case, who in (('wrong', r['local_rank']), ('fixed', r['rank'])):
-        indices = list(DistributedSampler(range(n), num_replicas=r['world_size'], rank=who, shuffle=False))
+        indices = list(DistributedSampler(range(n), num_replicas=r['world_size'], rank=who,
+                                          shuffle=False))
         is_main = who == 0
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, indices)
-        out[case] = dict(node=r['rank'] // procs_per_node, local_rank=r['local_rank'], indices=indices, is_main=is_main,
+        out[case] = dict(node=r['rank'] // procs_per_node, local_rank=r['local_rank'],
+                         indices=indices, is_main=is_main,
                          n_main=int(all_reduce_sum(torch.tensor([float(is_main)])).item()),
                          distinct=len({i for shard in everyone for i in shard}))
     return out
@@ -178,7 +186,8 @@ def demo_rank_vs_local_rank(env:DistEnv,
 def toy_snapshot() -> dict:
     "A small snapshot, the same on every rank (as DDP replicas are)."
     torch.manual_seed(0)
-    return dict(model=nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)).state_dict(), epoch=3)
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    return dict(model=net.state_dict(), epoch=3)
 
 def _reload(path, snap, root) -> str:
     "'ok' if `path` loads and holds `snap`'s weights, else what went wrong."
@@ -190,21 +199,23 @@ def _reload(path, snap, root) -> str:
 def demo_save_every_rank(env:DistEnv, root,
                          stagger_s:float=0.4,  # rank r reaches the save r * stagger_s after rank 0
                         ) -> dict:
-    "Every rank writes the snapshot in place and reloads it (wrong); rank 0 writes atomically, barrier, all reload (fixed)."
+    "Every rank writes in place and reloads (wrong); rank 0 writes atomically, a barrier (fixed)."
     snap = toy_snapshot()
     buf = io.BytesIO(); torch.save(snap, buf); data = buf.getvalue()
     out = {}
     for case in ('wrong', 'fixed'):
         path = Path(root)/case/'best.pt'
         path.parent.mkdir(parents=True, exist_ok=True)
-        barrier(env); time.sleep(stagger_s * env.rank)  # ranks finish their epochs at different moments
+        barrier(env); time.sleep(stagger_s * env.rank)  # ranks end their epochs at different times
         written = 0
         if case == 'wrong':
             slow_write(data, path); written = len(data)  # every rank writes...
         else:
-            if env.is_main: save_atomic(snap, path); written = path.stat().st_size  # one writer, and the name appears when complete
+            if env.is_main:  # one writer, and the name appears when the file is complete
+                save_atomic(snap, path); written = path.stat().st_size
             barrier(env)  # nobody reads before the write is done
-        out[case] = dict(written=written, read=_reload(path, snap, root), files=sorted(p.name for p in path.parent.iterdir()))
+        out[case] = dict(written=written, read=_reload(path, snap, root),
+                         files=sorted(p.name for p in path.parent.iterdir()))
     return out
 
 # %% ../../nbs/10_pitfalls.ipynb #8b6c6e35
@@ -214,25 +225,26 @@ def small_net() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
 
 def demo_module_prefix(env:DistEnv, root) -> dict:
-    "Save `ddp.state_dict()` (wrong) and `unwrap(ddp).state_dict()` (fixed); load each into a bare model."
+    "Save `ddp.state_dict()` (wrong), `unwrap(ddp).state_dict()` (fixed); load both in a bare net."
     ddp = nn.parallel.DistributedDataParallel(small_net())
+    replica = unwrap(ddp).state_dict()
     out = {}
-    for case, sd in (('wrong', ddp.state_dict()), ('fixed', unwrap(ddp).state_dict())):
+    for case, sd in (('wrong', ddp.state_dict()), ('fixed', replica)):
         path = Path(root)/f'{case}.pt'
         if env.is_main: save_atomic(dict(model=sd), path)
         barrier(env)
         sd_loaded = load_checkpoint(path)['model']
         try: small_net().load_state_dict(sd_loaded); plain = 'ok'
         except RuntimeError as e: plain = str(e)
-        rescued = small_net(); load_model_state(rescued, load_checkpoint(path))  # strips module./_orig_mod.
-        out[case] = dict(keys=list(sd_loaded), plain_load=plain,
-                         rescued=all(torch.equal(a, b) for a, b in zip(rescued.state_dict().values(), unwrap(ddp).state_dict().values())),
-                         state={k: v.tolist() for k, v in sd_loaded.items()})
+        rescued = small_net(); load_model_state(rescued, load_checkpoint(path))  # strips module.
+        pairs = zip(rescued.state_dict().values(), replica.values())
+        same = all(torch.equal(a, b) for a, b in pairs)
+        out[case] = dict(keys=list(sd_loaded), plain_load=plain, rescued=same)
     return out
 
 # %% ../../nbs/10_pitfalls.ipynb #47da3b80
 def run_many(env:DistEnv, *calls) -> list:
-    "Run several demos, each `(fn, *args)`, one after another in these processes; their results, in order."
+    "Run several demos, each `(fn, *args)`, one after another in these processes; their results."
     out = []
     for fn, *args in calls:
         barrier(env); out.append(fn(env, *args))
