@@ -72,11 +72,16 @@ def test_rank0_only_collective_times_out():
     t0 = time.monotonic()
     res = launch(demo_rank0_only_collective, 2, 3.0, timeout_s=120)
     elapsed = time.monotonic() - t0
-    for r in res:
+    # both ranks time out at about the same moment; the first to do so closes its connections, so its
+    # partner may report the closed connection instead of its own timeout (as in 12_atlas)
+    timed_out = [False] * len(res)
+    for i, r in enumerate(res):
         assert [ev['outcome'] for ev in r['fixed']['events']] == ['ok', 'ok']
         bad, = r['wrong']['events']
-        assert 'Timed out waiting 3000ms' in bad['outcome'], bad
+        timed_out[i] = 'Timed out waiting 3000ms' in bad['outcome']
+        assert timed_out[i] or 'Connection closed by peer' in bad['outcome'], bad
         assert 2.9 < bad['end'] - bad['start'] < 20, bad  # it waited for the timeout, not for ever (slack for a busy machine)
+    assert any(timed_out), res
     assert [r['wrong']['events'][0]['name'] for r in res] == ['all_reduce', 'barrier']  # each waits in its own collective
     assert res[0]['fixed']['log'] == 'epoch loss 3.00' and res[0]['wrong']['log'] is None
     assert elapsed < 100, elapsed  # process start-up included; a hang would have hit launch's 120 s deadline
