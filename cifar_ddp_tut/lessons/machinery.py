@@ -14,6 +14,7 @@ from torch.profiler import profile, ProfilerActivity, record_function
 from ..config import Config
 from ..dist import DistEnv
 from ..model import build_model
+from ..bench import cpu_name
 
 # %% auto #0
 __all__ = ['WRAPPERS', 'resnet18_10', 'fingerprint', 'broadcast_at_construction', 'broadcast_from_rank0', 'ScratchDDP',
@@ -201,11 +202,8 @@ def _stderr_off():
 
 def hardware_label() -> str:
     "The CPU's name and core count (and GPUs if any): what a figure was measured on."
-    import platform
-    try: cpu = next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if 'model name' in l)
-    except (OSError, StopIteration): cpu = platform.processor() or 'CPU'
     gpus = torch.cuda.device_count()
-    return f"{cpu}, {os.cpu_count()} cores" + (f", {gpus} GPUs (unused here)" if gpus else "")
+    return f"{cpu_name()}, {os.cpu_count()} cores" + (f", {gpus} GPUs (unused here)" if gpus else "")
 
 def profile_ddp_step(env:DistEnv, cap_mb:float=5, per_rank:int=8, warmup:int=2) -> list:
     "Profile a DDP step after `warmup`: (kind, name, start ms, end ms, thread, MB) per event drawn."

@@ -10,9 +10,10 @@ from ..config import Config
 from ..dist import DistEnv, seed_everything
 from ..model import build_model, prepare_model, build_optimizer, build_scheduler
 from ..train import Trainer
+from .machinery import fixed_batches  # the batches 01b_machinery uses
 
 # %% auto #0
-__all__ = ['tiny_config', 'fixed_batches', 'train_steps', 'ddp_checks', 'evaluate_with']
+__all__ = ['tiny_config', 'train_steps', 'ddp_checks', 'evaluate_with']
 
 # %% ../../nbs/09_semantics.ipynb #181f8604
 def tiny_config(**kw) -> Config:
@@ -21,12 +22,6 @@ def tiny_config(**kw) -> Config:
                 momentum=0.9, weight_decay=5e-4, warmup_steps=0, num_workers=0, backend='gloo',
                 freeze_bn=True, epoch=1)
     return Config(**{**base, **kw})
-
-def fixed_batches(steps:int, global_batch:int, seed:int=0):
-    "The same `steps` global batches of images and labels in every process."
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(steps, global_batch, 3, 32, 32, generator=g)
-    return x, torch.randint(0, 10, (steps, global_batch), generator=g)
 
 class _CallCounter:
     "State for a DDP communication hook that counts gradient all-reduces, then does the usual one."
