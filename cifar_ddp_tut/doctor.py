@@ -149,7 +149,10 @@ def measure_allreduce(nprocs:int, workdir, sizes=None, timeout_s:float=300) -> d
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
-    lines = [f"all_reduce(SUM) of float32, {res['backend']}, {res['world_size']} process(es)", '',
+    alone = (": one process, so nothing crosses a link and the times are a local no-op"
+             if res['world_size'] == 1 else '')
+    lines = [f"all_reduce(SUM) of float32, {res['backend']}, {res['world_size']} process(es){alone}",
+             '',
              '| size | iters | time us | algbw GB/s | busbw GB/s | correct |',
              '|--:|--:|--:|--:|--:|:-:|']
     for r in res['rows']:
@@ -291,7 +294,9 @@ def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:floa
                 ok = all(r['correct'] for r in ar['rows'])
                 checks.append(check('all-reduce: correct sums', ok,
                                     f"{ar['backend']}, {top['bytes'] / 2**20:g} MiB: "
-                                    f"busbw {top['busbw_gbs']:.2f} GB/s", t0))
+                                    f"busbw {top['busbw_gbs']:.2f} GB/s"
+                                    + (" (one process: no link measured; use 2 or more)"
+                                       if ar['world_size'] == 1 else ''), t0))
             elif part == 'run':
                 cs, report['run'] = check_run(nprocs, workdir, timeout_s); checks += cs
             else:
