@@ -4,22 +4,22 @@
 
 # %% ../nbs/08_benchmark.ipynb #5067fe6a
 from __future__ import annotations
-import json, os, platform, signal, sys, tempfile, time, uuid, warnings
+import json, signal, sys, tempfile, time, uuid, warnings
 from pathlib import Path
 import torch, yaml
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-from .config import (Config, ConfigError, load_config, config_dict,
-                                  per_rank_batch_size, cli_parser, cli_overrides, write_atomic)
-from .dist import setup, teardown, barrier, all_reduce_max, in_notebook
+from .config import (Config, ConfigError, load_config, per_rank_batch_size,
+                                  cli_parser, cli_overrides, write_atomic)
+from .dist import (setup, teardown, barrier, all_reduce_max, in_notebook, cpu_name,
+                                hardware)
 from .train import build_trainer, peak_memory_gb
-from .checkpoint import save_atomic, unwrap
 
 # %% auto #0
 __all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'MIN_STEPS_PER_QUEUED', 'parse_recipe',
-           'loader_queue', 'timed_steps', 'bench_config', 'cpu_name', 'measure', 'bench_worker', 'BenchError',
-           'launch_one', 'run_bench', 'project', 'bench_table', 'main']
+           'loader_queue', 'timed_steps', 'bench_config', 'measure', 'bench_worker', 'BenchError', 'launch_one',
+           'run_bench', 'project', 'bench_table', 'main']
 
 # %% ../nbs/08_benchmark.ipynb #c7c6ff36
 RECIPES = {  # PIL transforms in DataLoader workers, fp32, NCHW, foreach SGD, DDP's defaults
@@ -82,11 +82,6 @@ def bench_config(recipe:str, size:str='small', nprocs:int=1, warmup:int=2, steps
     return load_config(path or cfg, {**layers, **(overrides or {})})
 
 # %% ../nbs/08_benchmark.ipynb #c1aa2a96
-def cpu_name() -> str:
-    "The CPU's model name, from /proc/cpuinfo where there is one."
-    try: return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if 'model name' in l)
-    except (OSError, StopIteration): return platform.processor() or platform.machine()
-
 def _clock(env):
     "Wait for the device and every rank, then read the clock: the slowest rank counts."
     if env.device.type == 'cuda': torch.cuda.synchronize(env.device)
@@ -117,10 +112,8 @@ def measure(trainer, warmup:int, steps:int, check_steps:int=2) -> dict:
                                             f"steps of {end}; leave synthetic_train_size as it is")
     t0 = _clock(env); trainer.evaluate()  # the first evaluation: first kernels, the loader's start
     t1 = _clock(env); val = trainer.evaluate()
-    t2 = _clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)  # and best.pt, as fit does
-    best = dict(model=unwrap(trainer.model).state_dict(), epoch=0, val_acc=val['acc'],
-                config=config_dict(cfg))
-    if env.is_main: save_atomic(best, trainer.save_dir/'best.pt')
+    t2 = _clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)
+    trainer.save_best(0, val['acc'])  # the two files fit writes after an improving epoch
     t3, secs, warm = _clock(env), marks[end] - marks[warmup], marks[warmup] - start
     syncs = [f"{Path(w.filename).name}:{w.lineno}" for w in caught
              if 'synchroniz' in str(w.message)]
@@ -179,12 +172,8 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
               steps:int|None=None, eval_batches:int|None=None, cfg:str|None=None,
               overrides:dict|None=None, out=None, timeout_s:float=900, verbose:bool=True) -> dict:
     "Each recipe on each process count: the report (failed launches in `failures`), JSON in `out`."
-    gpus, cores, cpu = torch.cuda.device_count(), os.cpu_count() or 1, cpu_name()
-    name, tv = torch.cuda.get_device_name(0) if gpus else cpu, torch.__version__
-    hw = dict(device='cuda' if gpus else 'cpu', name=name, cpu=cpu, cores=cores, gpus=gpus,
-              torch=tv, label=f"{name} ({gpus} GPU(s)), torch {tv}, CUDA {torch.version.cuda}"
-              if gpus else f"{name}, {cores} cores, torch {tv}")
-    size = {'auto': 'full' if gpus else 'small'}.get(size, size)
+    hw = hardware()  # the label every figure carries
+    size = {'auto': 'full' if hw['gpus'] else 'small'}.get(size, size)
     if size not in SIZES: raise ConfigError(f"size={size!r} is not one of {['auto', *SIZES]}")
     given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches)
     warmup, steps, eval_batches = (STEPS[size][k] if v is None else v for k, v in given.items())

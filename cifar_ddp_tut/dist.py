@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import os, sys, socket, random, time, datetime, threading, uuid
+import os, platform, sys, socket, random, time, datetime, threading, uuid
 from dataclasses import dataclass, field
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from torch.distributed.rendezvous import rendezvous
 # %% auto #0
 __all__ = ['WorldError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'ConnectFailed', 'attempt_token', 'setup',
            'teardown', 'barrier', 'all_reduce_sum', 'all_reduce_max', 'describe_world', 'in_order', 'seed_everything',
-           'free_port', 'in_notebook']
+           'free_port', 'in_notebook', 'cpu_name', 'hardware']
 
 # %% ../nbs/01_dist.ipynb #7614fc1d
 class WorldError(RuntimeError):
@@ -223,3 +223,20 @@ def in_notebook() -> bool:
     "Running in IPython or Jupyter? There an exported `if __name__ == '__main__':` is true too."
     ip = sys.modules.get('IPython')
     return ip is not None and ip.get_ipython() is not None
+
+# %% ../nbs/01_dist.ipynb #a7c1d002
+def cpu_name() -> str:
+    "The CPU's model name, from /proc/cpuinfo where there is one."
+    try: return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if 'model name' in l)
+    except (OSError, StopIteration): return platform.processor() or platform.machine()
+
+def hardware() -> dict:
+    "This machine, as a measurement is labelled with it: device, name, CPU, cores, GPUs, torch."
+    gpus, cores, cpu = torch.cuda.device_count(), os.cpu_count() or 1, cpu_name()
+    tv = torch.__version__
+    name = torch.cuda.get_device_name(0) if gpus else cpu
+    label = (f"{name} ({gpus} GPU(s)), torch {tv}, CUDA {torch.version.cuda}" if gpus
+             else f"{name}, {cores} cores, torch {tv}")
+    return dict(device='cuda' if gpus else 'cpu', name=name, cpu=cpu, cores=cores, gpus=gpus,
+                torch=tv, label=label)
+

@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import setup, teardown, barrier, describe_world, all_reduce_max, in_notebook
+from .dist import (setup, teardown, barrier, describe_world, all_reduce_max,
+                                in_notebook, cpu_name)
 from .checkpoint import load_checkpoint
 from .train import torchrun_cmd
-from .bench import BenchError, run_bench, bench_table, cpu_name
+from .bench import BenchError, run_bench, bench_table
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'bus_bandwidth',

@@ -73,8 +73,12 @@ class OutputError(RuntimeError):
 def write_output(path, write, fix:str):
     "`write_atomic(path, write)`; an OSError (disk full, permissions) becomes an `OutputError`."
     try: write_atomic(path, write)
-    except OSError as e:
-        raise OutputError(f"could not write {str(path)!r} ({e.strerror or e}); {fix}") from None
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a failed write as a RuntimeError ("unexpected pos ...") raised while
+        # handling the OSError: that OSError is its __context__
+        err = e if isinstance(e, OSError) else e.__context__
+        if not isinstance(err, OSError): raise
+        raise OutputError(f"could not write {str(path)!r} ({err.strerror or err}); {fix}") from None
 
 def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
     "Micro-batches an epoch of `n_batches` trains: capped by max_steps_per_epoch; whole steps only."
@@ -200,9 +204,9 @@ def evaluate(self:Trainer) -> dict:
 @patch
 def _write(self:Trainer, name:str, write):
     "Rank 0 writes save_dir/name atomically; a failure names the file and what was kept."
-    write_output(self.save_dir/name, write, f"the previous {name} and snapshot.pt are kept; free "
-                 "space or fix the permissions of save_dir, then run the same command again to "
-                 "resume")
+    kept = 'snapshot.pt is' if name == 'snapshot.pt' else f"{name} and snapshot.pt are"
+    write_output(self.save_dir/name, write, f"the previous {kept} kept; free space or fix the "
+                 "permissions of save_dir, then run the same command again to resume")
 
 @patch
 def save_snapshot(self:Trainer, epoch_done:bool, epoch:int):
@@ -216,6 +220,14 @@ def save_snapshot(self:Trainer, epoch_done:bool, epoch:int):
               history=self.history, lrs=self.lrs, best_acc=self.best_acc, seconds=self.seconds,
               world_size=self.env.world_size, rng=rng, config=config_dict(self.cfg))
     self._write('snapshot.pt', lambda f: torch.save(ck, f))
+
+@patch
+def save_best(self:Trainer, epoch:int, val_acc:float):
+    "Rank 0 writes best.pt: the weights alone, with the epoch and the accuracy they reached."
+    if not self.env.is_main: return
+    best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val_acc,
+                config=config_dict(self.cfg))
+    self._write('best.pt', lambda f: torch.save(best, f))
 
 @patch
 def load_snapshot(self:Trainer, path) -> int:
@@ -264,10 +276,7 @@ def fit(self:Trainer):
             # the whole history each time: a resumed run never duplicates a line
             text = ''.join(json.dumps(h) + '\n' for h in self.history)
             self._write('metrics.jsonl', lambda f: f.write(text.encode()))
-            if improved:
-                best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val['acc'],
-                            config=config_dict(cfg))
-                self._write('best.pt', lambda f: torch.save(best, f))
+            if improved: self.save_best(epoch, val['acc'])
             print(f"epoch {epoch + 1}/{cfg.epoch}: train loss {train['loss']:.4f} "
                   f"acc {train['acc']:.4f} | val loss {val['loss']:.4f} acc {val['acc']:.4f} "
                   f"({val['count']} images) | {secs:.1f} s, {row['images_per_s']:.0f} train img/s, "

@@ -1,6 +1,8 @@
 """Faults a user meets during a run, with real processes (issue 9): a loss that turns into NaN, a Ctrl-C, a save_dir
 that stops being writable mid-run."""
-import hashlib, os, re, signal, time
+import errno, hashlib, io, os, re, signal, time
+import pytest, torch
+from cifar_ddp_tut.train import OutputError, write_output
 from pathlib import Path
 from _util import QUICKSTART, torchrun, start_torchrun, wait_for, snapshot_value, read_metrics
 
@@ -36,6 +38,7 @@ def test_ctrl_c_says_once_what_was_kept(tmp_path):
     args = ['--cfg', QUICKSTART, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data', *SMALL, '--epoch', '30']
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
     wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    assert p.poll() is None, f"the run ended by itself (exit {p.returncode}):\n{p.err_path.read_text()[-3000:]}"
     os.kill(p.pid, signal.SIGINT)
     p.wait(120)
     err = p.err_path.read_text()
@@ -53,6 +56,7 @@ def test_unwritable_save_dir_mid_run_names_the_file(tmp_path):
     args = ['--cfg', QUICKSTART, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data', *SMALL, '--epoch', '30']
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
     wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
+    assert p.poll() is None, f"the run ended by itself (exit {p.returncode}):\n{p.err_path.read_text()[-3000:]}"
     m = tmp_path/'run'/'metrics.jsonl'
     m.unlink(); m.mkdir()  # os.replace(file, folder) now fails with an OSError
     (m/'x').write_text('a file inside, so the folder cannot be replaced')
@@ -64,3 +68,22 @@ def test_unwritable_save_dir_mid_run_names_the_file(tmp_path):
     assert any("could not write" in l and "metrics.jsonl" in l and "snapshot.pt are kept" in l for l in lines), err[-3000:]
     assert 'cifar_ddp_tut/' not in err, err[-3000:]
     assert snapshot_value(tmp_path/'run') >= 1
+
+
+class _FullDisk(io.RawIOBase):
+    "A file on a full disk: every write fails with ENOSPC."
+    def writable(self): return True
+    def write(self, b): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_inside_torch_save_names_the_file(tmp_path):
+    """torch.save reports a failed write as a RuntimeError ('unexpected pos ...'), not an OSError (a full disk made
+    CI's rank 0 die with that traceback): write_output still names the file, and the old file and no temporary stay."""
+    path = tmp_path/'snapshot.pt'
+    path.write_bytes(b'the previous snapshot')
+    with pytest.raises(OutputError, match=r"could not write '.*snapshot\.pt' \(No space left on device\); free space"):
+        write_output(path, lambda f: torch.save({'w': torch.zeros(100_000)}, _FullDisk()), 'free space')
+    assert path.read_bytes() == b'the previous snapshot'
+    assert [p.name for p in tmp_path.iterdir()] == ['snapshot.pt']
+    with pytest.raises(RuntimeError, match='not a write failure'):  # other errors pass through unchanged
+        write_output(path, lambda f: (_ for _ in ()).throw(RuntimeError('not a write failure')), 'x')

@@ -14,7 +14,7 @@ from torch.profiler import profile, ProfilerActivity, record_function
 from ..config import Config
 from ..dist import DistEnv
 from ..model import build_model
-from ..bench import cpu_name
+from ..dist import cpu_name
 
 # %% auto #0
 __all__ = ['WRAPPERS', 'resnet18_10', 'fingerprint', 'broadcast_at_construction', 'broadcast_from_rank0', 'ScratchDDP',

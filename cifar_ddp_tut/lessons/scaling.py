@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import load_config
 from ..model import build_model
 from ..doctor import allreduce_rows
-from ..bench import cpu_name
+from ..dist import cpu_name
 
 # %% auto #0
 __all__ = ['SMALL', 'SGD_KW', 'AR_SIZES', 'FABRICS', 'RESNET50', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS',
