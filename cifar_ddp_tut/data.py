@@ -105,7 +105,7 @@ def _load_cifar10(cfg:Config, train:bool, transform):
     root = Path(cfg.data_dir); where = f"data_dir={str(root)!r}"
     try: return torchvision.datasets.CIFAR10(root, train=train, transform=transform,
                                              download=cfg.download)
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted"
         if cfg.download: raise DataError(
             f"CIFAR-10 in {where} is corrupt (its MD5 check failed); "
             f"delete {root/_BASE} and run again to download it afresh") from None

@@ -4,8 +4,7 @@
 
 # %% ../../nbs/13_scaling.ipynb #5ca10003
 from __future__ import annotations
-import contextlib, math, os, statistics, time
-from pathlib import Path
+import contextlib, math, statistics, time
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -14,7 +13,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import load_config
 from ..model import build_model
 from ..doctor import allreduce_rows
-from ..dist import cpu_name
 
 # %% auto #0
 __all__ = ['SMALL', 'SGD_KW', 'AR_SIZES', 'FABRICS', 'RESNET50', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS',

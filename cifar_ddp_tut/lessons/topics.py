@@ -4,14 +4,14 @@
 
 # %% ../../nbs/09a_topics.ipynb #052f187b
 from __future__ import annotations
-import contextlib, os, statistics, time
+import contextlib, statistics, time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from ..dist import DistEnv
-from .atlas import first_line, group_with, show
+from .atlas import first_line, group_with
 
 # %% auto #0
 __all__ = ['draw_flows', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy', 'unused_worker',
