@@ -322,10 +322,14 @@ def demo_stream(env:DistEnv, n:int=50, workers:int=2) -> dict:
     import multiprocessing
     # launch's processes are daemons; workers need a parent that is not
     multiprocessing.current_process()._config['daemon'] = False
+    # workers fork from a clean server process, not from this one: a fork copies every lock in
+    # whatever state this process's other threads (gloo's) left it; forked from here, a worker
+    # hung in 2 of 400 runs on 2 CPU cores, and rank 0 then timed out in all_gather_object
+    multiprocessing.set_forkserver_preload([__name__])
     out = {}
     for case, shard in (('wrong', False), ('fixed', True)):
         ds = NumberStream(n, env.rank, env.world_size, shard)
-        ctx = 'fork' if workers else None
+        ctx = 'forkserver' if workers else None
         loader = DataLoader(ds, batch_size=5, num_workers=workers, multiprocessing_context=ctx)
         seen = [x for b in loader for x in b.tolist()]
         everyone = [None] * env.world_size; dist.all_gather_object(everyone, seen)
