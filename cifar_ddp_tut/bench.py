@@ -4,22 +4,19 @@
 
 # %% ../nbs/08_benchmark.ipynb #5067fe6a
 from __future__ import annotations
-import json, signal, sys, tempfile, time, uuid, warnings
+import json, sys, tempfile, time, warnings
 from pathlib import Path
 import torch, yaml
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from .config import (Config, ConfigError, load_config, per_rank_batch_size,
                                   cli_parser, cli_overrides, write_atomic)
-from .dist import (setup, teardown, barrier, all_reduce_max, in_notebook, cpu_name,
-                                hardware)
+from .dist import (clock, all_reduce_max, in_notebook, hardware, launch_workers,
+                                LaunchError)
 from .train import build_trainer, peak_memory_gb
+from .report import project, bench_table  # below, in "The report"
 
 # %% auto #0
-__all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'MIN_STEPS_PER_QUEUED', 'parse_recipe',
-           'loader_queue', 'timed_steps', 'bench_config', 'measure', 'bench_worker', 'BenchError', 'launch_one',
-           'run_bench', 'project', 'bench_table', 'main']
+__all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'MIN_STEPS_PER_QUEUED', 'parse_recipe', 'loader_queue', 'timed_steps',
+           'bench_config', 'measure', 'run_bench', 'main']
 
 # %% ../nbs/08_benchmark.ipynb #c7c6ff36
 RECIPES = {  # PIL transforms in DataLoader workers, fp32, NCHW, foreach SGD, DDP's defaults
@@ -52,7 +49,6 @@ SIZES = {'full': {},  # the config as it is: by default ResNet-50 at 224 px, glo
                        num_workers=1)}
 STEPS = {'full': dict(warmup=10, steps=50, eval_batches=10),
          'small': dict(warmup=2, steps=8, eval_batches=2)}
-CIFAR_TRAIN, CIFAR_TEST, EPOCHS = 50_000, 10_000, 5
 MIN_STEPS_PER_QUEUED = 20  # timed steps per batch a loader queues: prefetching hides at most ~5%
 
 def loader_queue(cfg:Config) -> int:
@@ -81,91 +77,43 @@ def bench_config(recipe:str, size:str='small', nprocs:int=1, warmup:int=2, steps
                   synthetic_test_size=c.batch_size * eval_batches)
     return load_config(path or cfg, {**layers, **(overrides or {})})
 
-# %% ../nbs/08_benchmark.ipynb #c1aa2a96
-def _clock(env):
-    "Wait for the device and every rank, then read the clock: the slowest rank counts."
-    if env.device.type == 'cuda': torch.cuda.synchronize(env.device)
-    barrier(env)
-    return time.perf_counter()
-
 # %% ../nbs/08_benchmark.ipynb #c1aa2a97
-def measure(trainer, warmup:int, steps:int, check_steps:int=2) -> dict:
-    "Time `warmup`, then `timed_steps` steps of `run_epoch`, two evaluations, checkpoint writes."
-    env, cfg, dev = trainer.env, trainer.cfg, trainer.env.device
-    cuda = dev.type == 'cuda'
-    steps, check, marks = timed_steps(cfg, steps), (check_steps if cuda else 0), {}
+def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
+    "Build the trainer (`built_at`), time `warmup` + `timed_steps` steps, two evaluations, saves."
+    trainer, built_at, dev = build_trainer(cfg, env), time.time(), env.device
+    steps, check, marks = timed_steps(cfg, steps), (check_steps if dev.type == 'cuda' else 0), {}
     end, watch = warmup + steps, warmup + steps + 1  # host syncs: counted from one step after the
     def hook(t):  # clock stops, so the progress bar's .item() every log_every steps is left out
-        if t.step in (warmup, end): marks[t.step] = _clock(env)
+        if t.step in (warmup, end): marks[t.step] = clock(env)
         if check and t.step in (watch, watch + check):
             torch.cuda.set_sync_debug_mode('warn' if t.step == watch else 0)
     trainer.on_step.append(hook)
     trainer.steps_per_epoch = (watch + check if check else end) * cfg.accumulate_steps
-    start = _clock(env)
+    start = clock(env)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always'); train = trainer.run_epoch(0)
-    finally:
+    finally:  # the mode is the process's; the trainer, with its hook, is this function's own
         if check: torch.cuda.set_sync_debug_mode(0)
-        trainer.on_step.remove(hook)
     if end not in marks: raise RuntimeError(f"the training data ran out after {trainer.step} "
                                             f"steps of {end}; leave synthetic_train_size as it is")
-    t0 = _clock(env); trainer.evaluate()  # the first evaluation: first kernels, the loader's start
-    t1 = _clock(env); val = trainer.evaluate()
-    t2 = _clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)
+    t0 = clock(env); trainer.evaluate()  # the first evaluation: first kernels, the loader's start
+    t1 = clock(env); val = trainer.evaluate()
+    t2 = clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)
     trainer.save_best(0, val['acc'])  # the two files fit writes after an improving epoch
-    t3, secs, warm = _clock(env), marks[end] - marks[warmup], marks[warmup] - start
+    t3, secs, warm = clock(env), marks[end] - marks[warmup], marks[warmup] - start
     syncs = [f"{Path(w.filename).name}:{w.lineno}" for w in caught
              if 'synchroniz' in str(w.message)]
     peak = torch.tensor([peak_memory_gb(dev)], dtype=torch.float64, device=dev)
     return dict(images_per_s=steps * cfg.batch_size / secs, ms_per_step=1000 * secs / steps,
         eval_images_per_s=val['count'] / (t2 - t1), peak_mem_gb=all_reduce_max(peak).item(),
-        train_loss=train['loss'], seconds=secs, steps=steps, warmup=warmup,
-        loader_queue=loader_queue(cfg), world_size=env.world_size, warmup_s=warm,
-        warmup_extra_s=max(0.0, warm - warmup * secs / steps),
-        eval_extra_s=max(0.0, (t1 - t0) - (t2 - t1)), checkpoint_s=t3 - t2,
+        train_loss=train['loss'], seconds=secs, steps=steps, warmup=warmup, warmup_s=warm,
+        warmup_extra_s=max(0.0, warm - warmup * secs / steps), checkpoint_s=t3 - t2,
+        eval_extra_s=max(0.0, (t1 - t0) - (t2 - t1)), loader_queue=loader_queue(cfg),
         per_rank_batch=per_rank_batch_size(cfg, env.world_size), global_batch=cfg.batch_size,
-        device=dev.type, device_name=torch.cuda.get_device_name(dev) if cuda else cpu_name(),
-        threads_per_process=torch.get_num_threads(),
-        host_syncs_per_step=len(syncs) / check if check else None,
+        world_size=env.world_size, device=dev.type, threads_per_process=torch.get_num_threads(),
+        built_at=built_at, host_syncs_per_step=len(syncs) / check if check else None,
         host_sync_sites=sorted(set(syncs)) if check else None)
-
-# %% ../nbs/08_benchmark.ipynb #589c98f1
-def bench_worker(cfg:Config, warmup:int, steps:int) -> dict:
-    "What each launched process runs: the real trainer, measured; `built_at`: when it was built."
-    env = setup(cfg.backend, cfg.timeout_s)
-    try:
-        trainer, built_at = build_trainer(cfg, env), time.time()
-        return {**measure(trainer, warmup, steps), 'built_at': built_at}
-    finally: teardown()
-
-class BenchError(RuntimeError): "A launch failed or timed out; the message says which and why."
-
-def _alarm(signum, frame): raise SignalException("timed out", signal.SIGALRM)
-
-def launch_one(cfg:Config, nprocs:int, warmup:int, steps:int, timeout_s:float=900) -> dict:
-    "`bench_worker` on `nprocs` processes as torchrun starts them: rank 0's figures, `startup_s`."
-    lc = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=uuid.uuid4().hex,
-                      rdzv_backend='c10d', rdzv_endpoint='localhost:0', max_restarts=0,
-                      monitor_interval=0.1, start_method='spawn')
-    sigs = (signal.SIGALRM, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-    old = {s: signal.getsignal(s) for s in sigs}  # the launcher installs handlers: restore these
-    signal.signal(signal.SIGALRM, _alarm); launched = time.time()
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)  # then the launcher stops its workers
-    try: row = elastic_launch(lc, bench_worker)(cfg, warmup, steps)[0]
-    except ChildFailedError as e:
-        rank, f = e.get_first_failure()
-        msg = str(f.message.get('message', f.message) if isinstance(f.message, dict) else f.message)
-        raise BenchError(f"failed (exit code {f.exitcode}): [rank {rank}] {msg.strip()[-2000:]}"
-                         ) from None
-    except SignalException as e:
-        if e.sigval != signal.SIGALRM: raise
-        raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s") from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, handler in old.items(): signal.signal(sig, handler or signal.SIG_DFL)
-    row['startup_s'] = row.pop('built_at') - launched  # interpreter, imports, data, model, DDP
-    return row
 
 # %% ../nbs/08_benchmark.ipynb #812d0ddc
 def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup:int|None=None,
@@ -177,7 +125,8 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
     if size not in SIZES: raise ConfigError(f"size={size!r} is not one of {['auto', *SIZES]}")
     given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches)
     warmup, steps, eval_batches = (STEPS[size][k] if v is None else v for k, v in given.items())
-    nprocs = [int(n) for n in nprocs]
+    try: nprocs = [int(n) for n in nprocs]
+    except ValueError: raise ConfigError(f"nprocs={nprocs!r}: give integers, e.g. 1,2") from None
     if min(warmup, steps, eval_batches, *nprocs) < 1: raise ConfigError(
         f"warmup={warmup}, steps={steps}, eval_batches={eval_batches}, nprocs={nprocs}: each "
         "must be at least 1")
@@ -187,65 +136,24 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
                                      Path(tmp)/'data', Path(tmp)/f'runs-{n}-{i}')
                 for n in nprocs for i, r in enumerate(recipes)}  # mistakes stop it before a launch
         for (r, n), c in cfgs.items():
-            t0, what = time.monotonic(), f"{r} on {n} process(es)"
-            try: row = launch_one(c, n, warmup, steps, timeout_s)
-            except BenchError as e:  # keep going: the other recipes' figures are worth having
-                failures.append(dict(recipe=r, nprocs=n, error=f"recipe {r!r} on {n} process(es) "
-                                                                f"{e}"))
+            t0, what = time.time(), f"{r!r} on {n} process(es)"
+            try: row = launch_workers(measure, n, c, warmup, steps, backend=c.backend,
+                                      group_timeout_s=c.timeout_s, timeout_s=timeout_s)[0]
+            except LaunchError as e:  # keep going: the other recipes' figures are worth having
+                failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
                 if verbose: print(f"{what}: failed", flush=True)
                 continue
             row.update(recipe=r, nprocs=n, model=c.model, image_size=c.image_size,
-                       recipe_values=parse_recipe(r)[1], launch_s=round(time.monotonic() - t0, 1))
+                       recipe_values=parse_recipe(r)[1], launch_s=round(time.time() - t0, 1),
+                       startup_s=row.pop('built_at') - t0)  # interpreter, imports, data, model
             rows.append(row)
-            if verbose: print(f"{what}: {row['images_per_s']:.1f} images/s, "
-                              f"{row['ms_per_step']:.1f} ms/step over {row['steps']} steps "
-                              f"({row['launch_s']:.0f} s)", flush=True)
+            if verbose: print(f"{what}: {row['images_per_s']:.1f} images/s over {row['steps']} "
+                              f"steps ({row['launch_s']:.0f} s)", flush=True)
     report = dict(hardware=hw, size=size, warmup=warmup, steps=steps, eval_batches=eval_batches,
-                  cfg=cfg, overrides=overrides or {}, results=project(rows), failures=failures)
+                  min_steps_per_queued=MIN_STEPS_PER_QUEUED, cfg=cfg, overrides=overrides or {},
+                  results=project(rows), failures=failures)
     if out: write_atomic(out, lambda f: f.write((json.dumps(report, indent=1) + '\n').encode()))
     return report
-
-# %% ../nbs/08_benchmark.ipynb #812d0dde
-def project(rows:list) -> list:
-    "Each row with its ratio to `original` on as many processes, and EPOCHS epochs projected."
-    for r in rows:
-        o = next((o for o in rows if (o['recipe'], o['nprocs']) == ('original', r['nprocs'])), None)
-        train_s, eval_s = CIFAR_TRAIN / r['images_per_s'], CIFAR_TEST / r['eval_images_per_s']
-        r.update(ratio_to_original=r['images_per_s'] / o['images_per_s'] if o else None,
-                 projected_5_epochs_s=EPOCHS * train_s,
-                 projected_5_epochs_with_eval_s=EPOCHS * (train_s + eval_s),
-                 projected_5_epochs_all_in_s=r['startup_s'] + r['warmup_extra_s']
-                 + r['eval_extra_s'] + EPOCHS * (train_s + eval_s + r['checkpoint_s']))
-    return rows
-
-# %% ../nbs/08_benchmark.ipynb #670020fd
-def _secs(s): return f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"
-
-def bench_table(report:dict) -> str:
-    "The report's results (and failures) as a Markdown table, then what the figures are."
-    lines = ["| recipe | processes | batch per rank | timed steps | images/s | ms/step | eval "
-             "images/s | peak mem GB | x original | 5 epochs, training only | 5 epochs, all in |",
-             "|---|" + "--:|" * 10]
-    for r in report['results']:
-        ratio = '-' if r['ratio_to_original'] is None else f"{r['ratio_to_original']:.2f}"
-        lines.append(f"| {r['recipe']} | {r['nprocs']} | {r['per_rank_batch']} | {r['steps']} | "
-                     f"{r['images_per_s']:.1f} | {r['ms_per_step']:.1f} | "
-                     f"{r['eval_images_per_s']:.1f} | {r['peak_mem_gb']:.2f} | {ratio} | "
-                     f"{_secs(r['projected_5_epochs_s'])} | "
-                     f"{_secs(r['projected_5_epochs_all_in_s'])} |")
-    for f in report.get('failures', []):
-        msg = ' '.join(f['error'].split()).replace('|', '/')[:200]
-        lines.append(f"| {f['recipe']} | {f['nprocs']} | failed: {msg} |" + " |" * 8)
-    text = '\n'.join(lines) + f"\n\n{report['hardware']['label']}"
-    if not report['results']: return text
-    r = report['results'][0]
-    return text + ((f", {r['threads_per_process']} thread(s) a process" if r['device'] == 'cpu'
-                    else '') + f"; {r['model']} at {r['image_size']} px, global batch "
-        f"{r['global_batch']}, timed steps after {report['warmup']} of warm-up (at least "
-        f"{MIN_STEPS_PER_QUEUED} per batch the loader queues). Projected for {EPOCHS} epochs of "
-        f"{CIFAR_TRAIN:,} images; 'all in' adds, as measured in the same launch, start-up (launch "
-        f"to a built trainer), warm-up's extra time (compilation, cuDNN's search), {EPOCHS} "
-        f"evaluations of {CIFAR_TEST:,} images and {EPOCHS} snapshot + best.pt writes")
 
 # %% ../nbs/08_benchmark.ipynb #9096417d
 def main(argv=None):
@@ -269,9 +177,7 @@ def main(argv=None):
         a, overrides = cli_overrides(p, argv)
         del overrides['timeout_s']  # the launch's, not the process group's
         recipes = ABLATION if a.recipes == 'ablation' else [r for r in a.recipes.split(',') if r]
-        try: nprocs = [int(n) for n in a.nprocs.split(',') if n.strip()]
-        except ValueError: raise ConfigError(f"--nprocs {a.nprocs!r}: give integers, e.g. 1,2"
-                                             ) from None
+        nprocs = [n for n in a.nprocs.split(',') if n.strip()]
         report = run_bench(recipes, nprocs, a.size, a.warmup, a.steps, a.eval_batches, a.cfg,
                            overrides, a.out, a.timeout_s)
     except ConfigError as e:

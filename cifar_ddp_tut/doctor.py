@@ -9,11 +9,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import (setup, teardown, barrier, describe_world, all_reduce_max,
-                                in_notebook, cpu_name)
+from .dist import (describe_world, clock, in_notebook, cpu_name, launch_workers,
+                                LaunchError)
 from .checkpoint import load_checkpoint
 from .train import torchrun_cmd
-from .bench import BenchError, run_bench, bench_table
+from .bench import run_bench
+from .report import bench_table
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'bus_bandwidth',
@@ -61,9 +62,6 @@ def bus_bandwidth(nbytes:int, seconds:float, n:int) -> tuple[float, float]:
 SIZES = {'cpu': [2**k for k in range(12, 25, 2)],   # 4 KiB to 16 MiB
          'cuda': [2**k for k in range(20, 31, 2)]}  # 1 MiB to 1 GiB
 
-def _sync(device):
-    if device.type == 'cuda': torch.cuda.synchronize(device)
-
 def allreduce_rows(env, sizes, warmup:int=3) -> list:
     "In every process: check and time all_reduce of each size in `sizes` (bytes); a row a size."
     rows, n = [], env.world_size
@@ -73,14 +71,11 @@ def allreduce_rows(env, sizes, warmup:int=3) -> list:
         correct = bool((x == n * (n + 1) / 2).all())
         iters = max(5, min(50, 2**28 // nbytes))
         for _ in range(warmup): dist.all_reduce(x)
-        _sync(env.device); barrier(env); t = time.perf_counter()
+        t = clock(env)
         for _ in range(iters): dist.all_reduce(x)
-        _sync(env.device)
-        secs = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64,
-                            device=env.device)
-        all_reduce_max(secs)  # the slowest rank's time
-        algbw, busbw = bus_bandwidth(nbytes, secs.item(), n)
-        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs.item() * 1e6, algbw_gbs=algbw,
+        secs = (clock(env) - t) / iters  # from every rank ready to the last rank done
+        algbw, busbw = bus_bandwidth(nbytes, secs, n)
+        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs * 1e6, algbw_gbs=algbw,
                          busbw_gbs=busbw, correct=correct))
     return rows
 
@@ -112,8 +107,8 @@ def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop
                 if stop_when is not None and stop_when(): _stop(p); break
                 if time.monotonic() - t0 > timeout_s:
                     _stop(p)
-                    raise BenchError(f"did not finish within {timeout_s:.0f} s; raise --timeout_s, "
-                                     "or look for a rank stuck in a collective")
+                    raise LaunchError(f"did not finish within {timeout_s:.0f} s; raise "
+                                      "--timeout_s, or look for a rank stuck in a collective")
                 time.sleep(poll_s)
         except BaseException: _stop(p); raise
     return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
@@ -125,28 +120,16 @@ def _error_lines(stderr:str, prefix:str) -> str:
     return '\n'.join(l for l in stderr.splitlines() if l.strip())[-2000:] or 'no message on stderr'
 
 # %% ../nbs/11_doctor.ipynb #c000000f
-def allreduce_worker(out:str, sizes:list):
-    env = setup('auto', timeout_s=120)
-    try:
-        world = describe_world(env)
-        rows = allreduce_rows(env, sizes)
-        if env.is_main:
-            res = dict(backend=env.backend, world_size=env.world_size, world=world,
-                       torchrun_vars=torchrun_vars(), rows=rows)
-            Path(out).write_text(json.dumps(res, indent=1))
-    finally: teardown()
+def allreduce_worker(env, sizes:list) -> dict:
+    world, rows = describe_world(env), allreduce_rows(env, sizes)
+    return dict(backend=env.backend, world_size=env.world_size, world=world,
+                torchrun_vars=torchrun_vars(), rows=rows)
 
-def measure_allreduce(nprocs:int, workdir, sizes=None, timeout_s:float=300) -> dict:
+def measure_allreduce(nprocs:int, sizes=None, timeout_s:float=300) -> dict:
     "All-reduce bandwidth over `sizes` bytes (default: the device's SIZES) on `nprocs` processes."
     sizes = sizes or SIZES['cuda' if torch.cuda.is_available() else 'cpu']
-    out = Path(workdir)/'allreduce.json'
-    args = ['--worker', '--out', out, '--sizes', ','.join(map(str, sizes))]
-    code, _, err = run_torchrun(nprocs, 'cifar_ddp_tut.doctor', args, Path(workdir)/'log-allreduce',
-                                timeout_s)
-    if code != 0 or not out.exists():
-        why = _error_lines(err, 'Error: ')
-        raise BenchError(f"the all-reduce workers failed (exit code {code}): {why}")
-    return json.loads(out.read_text())
+    return launch_workers(allreduce_worker, nprocs, sizes, group_timeout_s=120,
+                          timeout_s=timeout_s)[0]
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
@@ -290,7 +273,7 @@ def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:floa
         t0 = time.monotonic()
         try:
             if part == 'allreduce':
-                ar = report['allreduce'] = measure_allreduce(nprocs, workdir, timeout_s=timeout_s)
+                ar = report['allreduce'] = measure_allreduce(nprocs, timeout_s=timeout_s)
                 top = ar['rows'][-1]
                 ok = all(r['correct'] for r in ar['rows'])
                 checks.append(check('all-reduce: correct sums', ok,
@@ -302,7 +285,7 @@ def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:floa
                 cs, report['run'] = check_run(nprocs, workdir, timeout_s); checks += cs
             else:
                 cs, report['bench'] = check_bench(nprocs, workdir, timeout_s); checks += cs
-        except (BenchError, ConfigError, OSError, KeyError, ValueError) as e:
+        except (LaunchError, ConfigError, OSError, KeyError, ValueError) as e:
             checks.append(check(part, False, f"{type(e).__name__}: {e}", t0))
     failed = [c['name'] for c in checks if not c['ok']]
     report.update(ok=not failed, failed=failed, workdir=str(workdir),
@@ -354,18 +337,8 @@ def _parser():
                    help="seconds one torchrun job may take (default: 600)")
     return p
 
-def _worker_main(argv):
-    "The all-reduce process that torchrun starts: `--worker --out FILE --sizes N,N,...`."
-    p = argparse.ArgumentParser()
-    p.add_argument('--worker', action='store_true')
-    p.add_argument('--out'); p.add_argument('--sizes')
-    a = p.parse_args(argv)
-    return allreduce_worker(a.out, [int(s) for s in a.sizes.split(',')])
-
 def main(argv=None):
-    "Console entry point `cifar_ddp_doctor` (and, with --worker, the all-reduce process)."
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if '--worker' in argv: return _worker_main(argv)
+    "Console entry point `cifar_ddp_doctor`."
     a = _parser().parse_args(argv)
     skip = [s.strip() for s in a.skip.split(',') if s.strip()]
     bad = [s for s in skip if s not in PARTS]

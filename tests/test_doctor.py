@@ -49,7 +49,7 @@ def test_doctor_failures_are_named(tmp_path):
     out = tmp_path/'doctor.json'
     p, secs = doctor('--skip', 'run,bench', '--timeout_s', 1, '--out', out, timeout=60)
     assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
-    assert "cifar_ddp_doctor: check 'allreduce' failed: BenchError: did not finish within 1 s" in p.stderr, p.stderr
+    assert "cifar_ddp_doctor: check 'allreduce' failed: LaunchError: did not finish within 1 s" in p.stderr, p.stderr
     rep = json.loads(out.read_text())
     assert not rep['ok'] and rep['failed'] == ['allreduce'] and 'FAILED: allreduce' in p.stdout
     p, _ = doctor('--skip', 'bandwidth', timeout=60)

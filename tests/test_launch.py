@@ -1,5 +1,7 @@
-"`launch`, the notebooks' way to run a function on N gloo processes."
-import torch
+"`launch`, the notebooks' way to run a function on N gloo processes, and `launch_workers`, the program's (torch's agent)."
+import signal
+import pytest, torch
+from cifar_ddp_tut.dist import LaunchError, launch_workers
 from cifar_ddp_tut.lessons.procs import launch
 
 
@@ -13,3 +15,14 @@ def test_launch_returns_tensors_from_every_rank():
     # exited before its result was read left `launch` waiting until its timeout
     results = launch(rank_tensor, 2, timeout_s=120)
     assert [r.sum().item() for r in results] == [0.0, 100_000.0]
+
+
+def test_launch_workers_returns_every_rank_and_names_a_failure():
+    "The benchmark's and the doctor's launcher: results by rank, the failing rank named, the caller's signal handlers back."
+    sigs = (signal.SIGALRM, signal.SIGTERM, signal.SIGINT)
+    before = [signal.getsignal(s) for s in sigs]
+    results = launch_workers(rank_tensor, 2, backend='gloo', timeout_s=120)  # the agent waits until a result is read
+    assert [r.sum().item() for r in results] == [0.0, 100_000.0]
+    with pytest.raises(LaunchError, match=r"failed \(exit code 1\): \[rank \d\] TypeError: rank_tensor\(\) takes 1"):
+        launch_workers(rank_tensor, 2, 'one too many', timeout_s=120)
+    assert [signal.getsignal(s) for s in sigs] == before
