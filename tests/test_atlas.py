@@ -1,8 +1,8 @@
-"The error atlas (nbs/12_atlas.ipynb) on real gloo processes: decisions taken together, exact gathered metrics, a sharded stream."
+"The error atlas (nbs/course/08_error_atlas.ipynb) on real gloo processes: decisions taken together, exact gathered metrics, a sharded stream."
 import time
 from collections import Counter
 import torch
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.atlas import demo_decide_together, demo_gather_eval, demo_stream, toy_eval_set, roc_auc, confusion
 
 

@@ -1,13 +1,13 @@
 """The scripts in steps/, run for real: one process, DDP under mp.spawn with 1 and 2 processes,
 under torchrun with 1 and 2, and two torchrun launchers as two nodes; and the diffs saved in
-nbs/00_first_ddp.ipynb are those of the scripts as they are now."""
+nbs/course/01_first_ddp.ipynb are those of the scripts as they are now."""
 import json, re
 import pytest
 import torch
 from _util import ROOT
 from cifar_ddp_tut.data import write_synthetic_cifar10
 from cifar_ddp_tut.dist import free_port
-from cifar_ddp_tut.lessons.steps import diff_html, listing_html, results, run, run_together
+from cifar_ddp_tut.lessons.tools import diff_html, listing_html, results, run, run_together
 
 STEPS = ROOT/'steps'
 TORCHRUN = ['-m', 'torch.distributed.run']
@@ -107,7 +107,7 @@ def test_groupnorm_two_processes_equal_one(work):
 
 def test_notebook_diffs_are_current():
     "Every listing and diff saved in the notebook equals one computed now from steps/."
-    nb = json.loads((ROOT/'nbs'/'00_first_ddp.ipynb').read_text())
+    nb = json.loads((ROOT/'nbs'/'course'/'01_first_ddp.ipynb').read_text())
     shown = []
     for cell in nb['cells']:
         for o in cell.get('outputs', []):
@@ -117,7 +117,7 @@ def test_notebook_diffs_are_current():
             if not m: continue
             kind, old, new = m.groups()
             now = diff_html(STEPS/old, STEPS/new) if kind == 'diff' else listing_html(STEPS/new)
-            assert h == now, f"{old} -> {new} changed: re-run nbs/00_first_ddp.ipynb and save it"
+            assert h == now, f"{old} -> {new} changed: re-run nbs/course/01_first_ddp.ipynb and save it"
             shown.append((old, new))
     assert shown == [(None, 's1_one_process.py'), ('s1_one_process.py', 's2_spawn.py'),
                      ('s2_spawn.py', 's3_torchrun.py')], shown

@@ -2,7 +2,7 @@
 import signal
 import pytest, torch
 from cifar_ddp_tut.dist import LaunchError, launch_workers
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 
 
 def rank_tensor(env):

@@ -1,9 +1,9 @@
-"""What DDP(model) does, held with real gloo processes (nbs/01b_machinery.ipynb): the constructor
+"""What DDP(model) does, held with real gloo processes (nbs/course/03_inside_ddp.ipynb): the constructor
 broadcasts rank 0's state; DDP written from scratch (a hook per gradient, and buckets all-reduced
 asynchronously) reaches torch's DDP's parameters and buffers; SyncBatchNorm written out with
 all_reduce equals BatchNorm on the global batch; torch's SyncBatchNorm refuses CPU processes."""
 import pytest
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.machinery import (broadcast_at_construction, compare_wrappers,
                                              sync_bn_check, sync_bn_on_cpu)
 

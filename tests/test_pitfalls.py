@@ -1,7 +1,7 @@
-"The pitfalls of nbs/10_pitfalls.ipynb, each held on real gloo processes: the wrong way shows its damage, the fix removes it."
+"The pitfalls of nbs/course/07_pitfalls.ipynb, each held on real gloo processes: the wrong way shows its damage, the fix removes it."
 import time
 import pytest
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.pitfalls import (demo_set_epoch, demo_padded_eval, demo_rank0_only_collective, demo_download,
                                     demo_rank_vs_local_rank, demo_save_every_rank, demo_module_prefix, run_many)
 
@@ -73,7 +73,7 @@ def test_rank0_only_collective_times_out():
     res = launch(demo_rank0_only_collective, 2, 3.0, timeout_s=120)
     elapsed = time.monotonic() - t0
     # both ranks time out at about the same moment; the first to do so closes its connections, so its
-    # partner may report the closed connection instead of its own timeout (as in 12_atlas)
+    # partner may report the closed connection instead of its own timeout (as in nbs/course/08_error_atlas)
     timed_out = [False] * len(res)
     for i, r in enumerate(res):
         assert [ev['outcome'] for ev in r['fixed']['events']] == ['ok', 'ok']

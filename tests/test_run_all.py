@@ -10,10 +10,10 @@ import nbformat, pytest
 from nbclient import NotebookClient
 from _util import ROOT
 
-NOTEBOOKS = sorted((ROOT/'nbs').glob('*.ipynb'))
+NOTEBOOKS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts)
 
 
-@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize('path', NOTEBOOKS, ids=lambda p: f'{p.parent.name}/{p.stem}')
 def test_run_all(path, monkeypatch):
     monkeypatch.delenv('IN_TEST', raising=False)
     nb = nbformat.read(path, as_version=4)

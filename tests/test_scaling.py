@@ -1,11 +1,11 @@
-"Checks of the scaling lesson (nbs/13_scaling.ipynb) with real gloo processes: ZeRO and FSDP2 train to DDP's parameters, the comm hooks send the bytes they should, the cost model gives sane values."
+"Checks of the scaling lesson (nbs/course/09_scaling.ipynb) with real gloo processes: ZeRO and FSDP2 train to DDP's parameters, the comm hooks send the bytes they should, the cost model gives sane values."
 import math
 import pytest
 from cifar_ddp_tut.lessons.scaling import (KINDS, HOOKS, FABRICS, RESNET50, compare_worker, hook_worker,
                                            allreduce_s, bucket_sizes, step_time, predict, scaling_rows,
                                            memory_per_rank, powersgd_bytes, grad_bytes, small_model)
 from cifar_ddp_tut.data import write_synthetic_cifar10
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 
 
 def test_zero_and_fsdp2_train_to_ddps_parameters():

@@ -7,7 +7,7 @@ import pytest
 import torch
 from _util import QUICKSTART, ROOT, torchrun
 from cifar_ddp_tut.dist import DistEnv
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.semantics import ddp_checks, train_steps, tiny_config
 from cifar_ddp_tut.checkpoint import save_atomic, load_checkpoint, load_model_state
 from cifar_ddp_tut.model import build_model

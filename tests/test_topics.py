@@ -1,6 +1,6 @@
-"The DDP topics of nbs/09a_topics.ipynb, held with real gloo processes."
+"The DDP topics of nbs/course/06_topics.ipynb, held with real gloo processes."
 import numpy as np
-from cifar_ddp_tut.lessons.procs import launch
+from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.topics import compile_worker, demo_uneven, demo_unused, lr_worker
 
 
