@@ -4,14 +4,16 @@
 
 # %% ../../nbs/program/12_course_tools.ipynb #efbfbfb2
 from __future__ import annotations
-import difflib, html, os, pickle, re, shlex, signal, subprocess, sys, tempfile, time, traceback
+import contextlib, difflib, html, os, pickle, re, shlex, signal, subprocess, sys, tempfile
+import time, traceback
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
 
 # %% auto #0
-__all__ = ['launch', 'demo_all_reduce', 'demo_in_order', 'run_together', 'run', 'results', 'listing_html', 'diff_html']
+__all__ = ['launch', 'whoami', 'demo_in_order', 'forkserver_preload', 'child_output', 'error_lines', 'run_together', 'run',
+           'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -30,10 +32,10 @@ def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
         queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
 
 def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
-           collective_timeout_s:float=60.0):
-    "Run `fn(env, *args)` on `nprocs` spawned processes; a list of the results, by rank."
+           collective_timeout_s:float=60.0, start_method:str='spawn'):
+    "Run `fn(env, *args)` on `nprocs` new processes; a list of the results, by rank."
     import torch.multiprocessing as mp
-    ctx = mp.get_context('spawn')
+    ctx = mp.get_context(start_method)
     q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
                                                       collective_timeout_s), daemon=True)
@@ -67,13 +69,10 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
             p.join(timeout=5 if not errors else 0.5)
             if p.is_alive(): p.kill(); p.join()
 
-# %% ../../nbs/program/12_course_tools.ipynb #cc761506
-def demo_all_reduce(env:DistEnv):
-    "Each rank starts with [rank+1, 10*(rank+1)]; returns (before, after a SUM all-reduce)."
-    t = torch.tensor([env.rank + 1.0, 10.0 * (env.rank + 1)])
-    before = t.clone()
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return before.tolist(), t.tolist()
+# %% ../../nbs/program/12_course_tools.ipynb #7736759d
+def whoami(env:DistEnv) -> tuple:
+    "(rank, world size) as the process group sees them."
+    return dist.get_rank(), dist.get_world_size()
 
 # %% ../../nbs/program/12_course_tools.ipynb #9a3f9e07
 def demo_in_order(env:DistEnv, path:str, fail_on_rank0:bool=False):
@@ -86,6 +85,31 @@ def demo_in_order(env:DistEnv, path:str, fail_on_rank0:bool=False):
     try: in_order(work, env, 'downloading'); out = 'ok'
     except Exception as e: out = f"{type(e).__name__}: {e}"
     return out, time.monotonic() - t0
+
+# %% ../../nbs/program/12_course_tools.ipynb #71e9aaf6
+def forkserver_preload(*modules:str):
+    "Have the forkserver import `modules` (torch and the workers' modules) once, before any fork."
+    import multiprocessing as mp
+    # torch._dynamo: the first optimizer built in a process imports it (seconds): do it once here
+    mp.set_forkserver_preload(['torch', 'torch.distributed', 'torch._dynamo', *modules])
+
+# %% ../../nbs/program/12_course_tools.ipynb #464f69cd
+@contextlib.contextmanager
+def child_output():
+    "Collect what child processes write to stdout and stderr during the block, in `.text`."
+    import types
+    box, saved = types.SimpleNamespace(text=''), (os.dup(1), os.dup(2))
+    with tempfile.TemporaryFile('w+') as f:
+        sys.stdout.flush(); sys.stderr.flush()
+        os.dup2(f.fileno(), 1); os.dup2(f.fileno(), 2)
+        try: yield box
+        finally:
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2); os.close(saved[0]); os.close(saved[1])
+            f.seek(0); box.text = f.read()
+
+def error_lines(text:str) -> list:
+    "The lines of `text` that name an exception (`SomeError: ...`), without tracebacks' paths."
+    return [l.strip() for l in text.splitlines() if re.match(r'\s*[\w.]+(Error|Exception): ', l)]
 
 # %% ../../nbs/program/12_course_tools.ipynb #7dabf952
 def _stop(p):
@@ -169,3 +193,46 @@ def diff_html(old, new, context:int=2) -> str:
     return (f'<div class="step-diff" data-old="{o}" data-new="{n}"><b>{o} &rarr; {n}</b>: '
             f'{added} lines added, {removed} removed'
             f'<pre style="font-size:12px;line-height:1.3">{body}</pre></div>')
+
+# %% ../../nbs/program/12_course_tools.ipynb #74ed2cf2
+def plot_collectives(res:list, hardware:str):
+    "One panel per collective: each rank's tensor (rows) after it, values written in the cells."
+    import matplotlib.pyplot as plt, numpy as np
+    ops = list(res[0])
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.1 * len(ops), 0.55 * len(res) + 1.3),
+                             sharey=True)
+    for ax, op in zip(axes, ops):
+        rows = [np.ravel(r[op]) for r in res]
+        grid = np.array(rows, dtype=float)
+        ax.imshow(grid, cmap='Blues', vmin=0, vmax=2.5 * grid.max(), aspect='auto')
+        for (r, c), v in np.ndenumerate(grid): ax.text(c, r, f"{v:g}", ha='center', va='center')
+        ax.set_title(op, fontsize=10); ax.set_xticks([])
+        ax.set_yticks(range(len(res)), [f'rank {r}' for r in range(len(res))])
+    fig.suptitle(f"{len(res)} gloo processes on {hardware}: each row is one rank's tensor",
+                 fontsize=10)
+    fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #1ed02af6
+def plot_ring(states:list):
+    "One panel per step of a ring all-reduce: rows ranks, columns chunks, text = whose sum."
+    import matplotlib.pyplot as plt, numpy as np
+    n = len(states[0][1])
+    fig, axes = plt.subplots(2, 4, figsize=(15, 7.5))
+    for ax, (title, val, who, got) in zip(axes.flat, states):
+        shade = np.array([[len(w) for w in row] for row in who])
+        ax.imshow(shade, cmap='Blues', vmin=0, vmax=2 * n, aspect='auto')  # light: text readable
+        for r in range(n):
+            for c in range(n):
+                names = 'all' if len(who[r][c]) == n else '+'.join(map(str, sorted(who[r][c])))
+                ax.text(c, r, f"{names}\n= {val[r][c]:g}", ha='center', va='center', fontsize=10)
+                if (r, c) in got:
+                    ax.add_patch(plt.Rectangle((c - .5, r - .5), 1, 1, fill=False, lw=3, ec='k'))
+        ax.set_title(title, fontsize=11)
+        ax.set_xticks(range(n), [f'chunk {c}' for c in range(n)], fontsize=9)
+        ax.set_yticks(range(n), [f'rank {r}' for r in range(n)], fontsize=9)
+    last = axes.flat[-1]; last.axis('off')
+    last.text(0, .5, f"{n} ranks, {n} chunks each\n{2 * (n - 1)} steps; in each, every rank\n"
+              f"sends ONE chunk = 1/{n} of its tensor\nper rank: {2 * (n - 1)}/{n} of the tensor "
+              "sent", fontsize=12, va='center')
+    fig.suptitle("Ring all-reduce of 4 tensors (a simulation: the arithmetic, not a measurement)")
+    fig.tight_layout(); plt.show()
