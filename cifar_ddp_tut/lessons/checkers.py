@@ -76,7 +76,10 @@ def run_learner(env, n:int, source:str, name:str, case) -> dict:
     torch.set_num_threads(1)
     try: return dict(value=EXERCISES[n].run(env, compile_function(source, name), case))
     except Exception as e:
-        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        first = (str(e).strip().splitlines() or [''])[0]
+        first = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', first)  # torch's build paths
+        first = first.split('. ')[0]  # its first sentence
+        msg = f"{type(e).__name__}: {first}"
         return dict(error=msg[:300], waited=bool(WAITED.search(str(e))),
                     name_error=isinstance(e, NameError), todo=isinstance(e, NotImplementedError))
 
@@ -101,10 +104,10 @@ def _common(results:list, world:int, waited_hint:str|None=None):
     done = sorted(set(range(world)) - set(errs))
     if waited:
         who = f"rank{'s' if len(waited) > 1 else ''} {', '.join(map(str, waited))}"
-        return (f"on {world} processes, {who} waited in a collective until the group's "
-                f"timeout ({x['error'][:120]}), while "
-                + (f"rank(s) {', '.join(map(str, done))} had returned" if done else
-                   "the others did too"),
+        return (f"on {world} processes, {who} waited in a collective "
+                + (f"that rank(s) {', '.join(map(str, done))} never joined" if done else
+                   "that the others did not match")
+                + f", until it gave up ({x['error'][:160]})",
                 waited_hint or "a collective is a meeting: every rank must make the same "
                 "collective calls, in the same order, even the ranks that do not need the result. "
                 "Look for a collective inside an `if` on the rank, or one only some ranks reach.")
@@ -236,48 +239,8 @@ class _Ex2:
                 "weights of one process trained on the whole batches (within 1e-5), on "
                 + ' and '.join(f"{w} processes" for w in cases) + ".")
 
-# %% ../../nbs/program/13_exercise_checkers.ipynb #b06b1e59
-@exercise(3, "A shard without padding", 'course/04_shards_and_metrics', '''
-def my_shard(n:int) -> list:
-    "This rank's indices of range(n): each index on exactly one rank, shard sizes within one."
-    raise NotImplementedError("your code here")
-''')
-class _Ex3:
-    def case(rng, world):
-        return dict(n=world * rng.randint(5, 40) + rng.randint(1, world - 1))  # never divides
-    def run(env, fn, case): return [int(i) for i in fn(case['n'])]
-    def judge(case, shards, world):
-        n = case['n']
-        where = {}
-        for r, s in enumerate(shards):
-            for i in s: where.setdefault(i, []).append(r)
-        twice = {i: rs for i, rs in where.items() if len(rs) > 1}
-        missing = sorted(set(range(n)) - set(where))
-        outside = sorted(set(where) - set(range(n)))
-        got = f"n={n} on {world} ranks: shard sizes {[len(s) for s in shards]}"
-        if all(s == shards[0] for s in shards):
-            return (got + ", every rank returned the same indices.",
-                    "use dist.get_rank() and dist.get_world_size() to pick this rank's part.")
-        if outside: return got + f"; indices outside range(n): {outside[:5]}", None
-        if twice:
-            i, rs = next(iter(twice.items()))
-            return (got + f"; index {i} is on ranks {rs} ({len(twice)} indices repeated).",
-                    "padding the shards to equal length (what DistributedSampler does) counts "
-                    "those images twice in an evaluation. Shards may differ in length by one.")
-        if missing:
-            return (got + f"; indices {missing[:5]} are on no rank ({len(missing)} missing).",
-                    f"{n} does not divide by {world}: the last {n % world} indices must go "
-                    "somewhere (dropping them is what drop_last=True does).")
-        if max(map(len, shards)) - min(map(len, shards)) > 1:
-            return (got + ": sizes differ by more than one.",
-                    "give each rank n // world_size indices, or one more.")
-        return None
-    def proof(cases):
-        return ("every index on exactly one rank, shard sizes within one, for " + ' and '.join(
-            f"n={c['n']} on {w} ranks" for w, c in cases.items()) + ".")
-
 # %% ../../nbs/program/13_exercise_checkers.ipynb #3b8c1f07
-@exercise(4, "The order of an epoch", 'course/04_shards_and_metrics', '''
+@exercise(3, "The order of an epoch", 'course/04_shards_and_metrics', '''
 def epoch_indices(n:int, epoch:int, seed:int=0) -> list:
     "This rank's indices of range(n) in `epoch`, as DistributedSampler(shuffle=True) gives them."
     raise NotImplementedError("your code here")
@@ -324,6 +287,46 @@ class _Ex4:
     def proof(cases):
         return ("your indices equal torch's DistributedSampler, epoch by epoch, for "
                 + ' and '.join(
+            f"n={c['n']} on {w} ranks" for w, c in cases.items()) + ".")
+
+# %% ../../nbs/program/13_exercise_checkers.ipynb #b06b1e59
+@exercise(4, "A shard without padding", 'course/04_shards_and_metrics', '''
+def my_shard(n:int) -> list:
+    "This rank's indices of range(n): each index on exactly one rank, shard sizes within one."
+    raise NotImplementedError("your code here")
+''')
+class _Ex3:
+    def case(rng, world):
+        return dict(n=world * rng.randint(5, 40) + rng.randint(1, world - 1))  # never divides
+    def run(env, fn, case): return [int(i) for i in fn(case['n'])]
+    def judge(case, shards, world):
+        n = case['n']
+        where = {}
+        for r, s in enumerate(shards):
+            for i in s: where.setdefault(i, []).append(r)
+        twice = {i: rs for i, rs in where.items() if len(rs) > 1}
+        missing = sorted(set(range(n)) - set(where))
+        outside = sorted(set(where) - set(range(n)))
+        got = f"n={n} on {world} ranks: shard sizes {[len(s) for s in shards]}"
+        if all(s == shards[0] for s in shards):
+            return (got + ", every rank returned the same indices.",
+                    "use dist.get_rank() and dist.get_world_size() to pick this rank's part.")
+        if outside: return got + f"; indices outside range(n): {outside[:5]}", None
+        if twice:
+            i, rs = next(iter(twice.items()))
+            return (got + f"; index {i} is on ranks {rs} ({len(twice)} indices repeated).",
+                    "padding the shards to equal length (what DistributedSampler does) counts "
+                    "those images twice in an evaluation. Shards may differ in length by one.")
+        if missing:
+            return (got + f"; indices {missing[:5]} are on no rank ({len(missing)} missing).",
+                    f"{n} does not divide by {world}: the last {n % world} indices must go "
+                    "somewhere (dropping them is what drop_last=True does).")
+        if max(map(len, shards)) - min(map(len, shards)) > 1:
+            return (got + ": sizes differ by more than one.",
+                    "give each rank n // world_size indices, or one more.")
+        return None
+    def proof(cases):
+        return ("every index on exactly one rank, shard sizes within one, for " + ' and '.join(
             f"n={c['n']} on {w} ranks" for w, c in cases.items()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #6f470ed1

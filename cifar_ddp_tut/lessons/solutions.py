@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['total_images', 'average_gradient', 'my_shard', 'epoch_indices', 'global_mean', 'accumulate', 'train_uneven',
+__all__ = ['total_images', 'average_gradient', 'epoch_indices', 'my_shard', 'global_mean', 'accumulate', 'train_uneven',
            'save_and_load', 'skip_step']
 
 # %% ../../nbs/course/10_solutions.ipynb #7a5c926f
@@ -26,11 +26,6 @@ def average_gradient(p:torch.Tensor):
     p.grad.div_(dist.get_world_size())
     dist.all_reduce(p.grad)  # in place: the sum of the divided gradients, the same on every rank
 
-# %% ../../nbs/course/10_solutions.ipynb #fc1b7a92
-def my_shard(n:int) -> list:
-    "This rank's indices of range(n): each index on exactly one rank, shard sizes within one."
-    return list(range(dist.get_rank(), n, dist.get_world_size()))
-
 # %% ../../nbs/course/10_solutions.ipynb #619c7048
 def epoch_indices(n:int, epoch:int, seed:int=0) -> list:
     "This rank's indices of range(n) in `epoch`, as DistributedSampler(shuffle=True) gives them."
@@ -40,6 +35,11 @@ def epoch_indices(n:int, epoch:int, seed:int=0) -> list:
     total = math.ceil(n / world) * world
     order += (order * math.ceil(total / n))[:total - n]  # pad with the first indices
     return order[rank:total:world]
+
+# %% ../../nbs/course/10_solutions.ipynb #fc1b7a92
+def my_shard(n:int) -> list:
+    "This rank's indices of range(n): each index on exactly one rank, shard sizes within one."
+    return list(range(dist.get_rank(), n, dist.get_world_size()))
 
 # %% ../../nbs/course/10_solutions.ipynb #153ef263
 def global_mean(values:torch.Tensor) -> float:

@@ -12,8 +12,9 @@ import torch.distributed as dist
 from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
 
 # %% auto #0
-__all__ = ['launch', 'whoami', 'demo_in_order', 'forkserver_preload', 'child_output', 'error_lines', 'run_together', 'run',
-           'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring']
+__all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'error_lines',
+           'run_together', 'run', 'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring',
+           'plot_epochs', 'plot_evaluated']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -73,6 +74,17 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
 def whoami(env:DistEnv) -> tuple:
     "(rank, world size) as the process group sees them."
     return dist.get_rank(), dist.get_world_size()
+
+# %% ../../nbs/program/12_course_tools.ipynb #b8ed148d
+def demo_exact_eval(env:DistEnv, n:int=101, n_right:int=50) -> dict:
+    "The program's `evaluate` over `ShardSampler`'s shard of a stand-in model's n-image test set."
+    from torch.utils.data import DataLoader, TensorDataset
+    from cifar_ddp_tut.data import ShardSampler  # here: importing data loads torchvision
+    from cifar_ddp_tut.metrics import evaluate
+    from cifar_ddp_tut.lessons.shards import AnswerKey
+    ds = TensorDataset(torch.arange(n), torch.arange(n) % 10)
+    loader = DataLoader(ds, batch_size=8, sampler=ShardSampler(n, env.world_size, env.rank))
+    return evaluate(AnswerKey(n, n_right), loader, env.device)
 
 # %% ../../nbs/program/12_course_tools.ipynb #9a3f9e07
 def demo_in_order(env:DistEnv, path:str, fail_on_rank0:bool=False):
@@ -235,4 +247,40 @@ def plot_ring(states:list):
               f"sends ONE chunk = 1/{n} of its tensor\nper rank: {2 * (n - 1)}/{n} of the tensor "
               "sent", fontsize=12, va='center')
     fig.suptitle("Ring all-reduce of 4 tensors (a simulation: the arithmetic, not a measurement)")
+    fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #8194d9ef
+def plot_epochs(orders:dict, n:int):
+    "orders: {title: [[rank 0's indices in each epoch], [rank 1's ...]]}; a panel each, rows epochs."
+    import matplotlib.pyplot as plt, numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    colors = ['#9ecae1', '#fdae6b']  # rank 0 light blue, rank 1 light orange: colour-blind safe
+    fig, axes = plt.subplots(1, len(orders), figsize=(7 * len(orders), 3.6), sharey=True)
+    for ax, (title, by_rank) in zip(np.atleast_1d(axes), orders.items()):
+        epochs = len(by_rank[0])
+        rank, pos = np.zeros((epochs, n), int), np.zeros((epochs, n), int)
+        for r, per_epoch in enumerate(by_rank):
+            for e, order in enumerate(per_epoch):
+                for p, i in enumerate(order): rank[e, i], pos[e, i] = r, p
+        ax.imshow(rank, cmap=ListedColormap(colors), vmin=0, vmax=1, aspect='auto')
+        for (e, i), p in np.ndenumerate(pos): ax.text(i, e, p, ha='center', va='center')
+        ax.set_title(title, fontsize=11); ax.set_xlabel('data set index'); ax.set_xticks(range(n))
+        ax.set_yticks(range(epochs)); ax.set_ylabel('epoch')
+    ax.legend([Patch(color=c) for c in colors], ['rank 0', 'rank 1'], loc='upper left',
+              bbox_to_anchor=(1.01, 1), title='colour: the rank\nthat gets the index')
+    fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #48561339
+def plot_evaluated(shards:list, n:int, title:str):
+    "How many times each of `n` images was evaluated, a bar per image, coloured by rank."
+    import matplotlib.pyplot as plt, numpy as np
+    fig, ax = plt.subplots(figsize=(6, 2.4))
+    bottom = np.zeros(n)
+    for r, idx in enumerate(shards):
+        counts = np.bincount(idx, minlength=n)
+        ax.bar(range(n), counts, bottom=bottom, color=f'C{r}', label=f'rank {r}'); bottom += counts
+    ax.set_title(f"{title}: {int(bottom.sum())} evaluations of {n} images", fontsize=10)
+    ax.set_xticks(range(n)); ax.set_xlabel('test image'); ax.set_ylabel('times evaluated')
+    ax.set_yticks([0, 1, 2]); ax.legend(fontsize=8, loc='upper right')
     fig.tight_layout(); plt.show()
