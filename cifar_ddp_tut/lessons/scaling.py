@@ -20,7 +20,8 @@ __all__ = ['SMALL', 'NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'SOURCES'
            'calibration_rows', 'fit_here', 'system_busbw', 'published_buckets', 'published_cases', 'model_step',
            'fit_published', 'check_published', 'bucket_check', 'predict', 'scaling_rows', 'powersgd_bytes', 'what_if',
            'build_parallel', 'optimizer_bytes', 'activation_bytes', 'full_params', 'largest_unit_bytes',
-           'compare_worker', 'memory_per_rank', 'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
+           'compare_worker', 'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook', 'fidelity_hook',
+           'hook_worker']
 
 # %% ../../nbs/course/09_scaling.ipynb #05bd6bd3
 SMALL = dict(model='resnet18', pretrained=False, image_size=32, resize_size=36, num_classes=10)
@@ -463,6 +464,14 @@ def memory_per_rank(params:float, n:int, kind:str,
     shard = {'ddp': (1, 1, 1), 'zero': (1, 1, n), 'fsdp': (n, n, n)}[kind]
     out = dict(params=p / shard[0], grads=g / shard[1], optimizer=o / shard[2])
     return {**out, 'total': sum(out.values())}
+
+# %% ../../nbs/course/09_scaling.ipynb #c59b2adf
+def memory_grid(sizes=((1e9, '1B'), (10e9, '10B')), ns=(8, 64)) -> list:
+    "(model, optimizer, bytes a rank for each kind and N) by `memory_per_rank`, no activations."
+    per_rank = lambda size, recipe: [memory_per_rank(size, n, k, recipe)['total']
+                                      for k in KINDS for n in ns]
+    return [(name, recipe, per_rank(size, recipe))
+            for size, name in sizes for recipe in RECIPES_BYTES]
 
 # %% ../../nbs/course/09_scaling.ipynb #14af38c5
 HOOKS = ('fp32', 'fp16', 'bf16', 'powersgd', 'powersgd4')  # powersgdR: rank R (default 1)

@@ -291,9 +291,10 @@ def memory_table(mem:dict, label:str):
                 for k, m in mem.items()], f"Measured on {label}, rank 0 of 2 (MB = 10^6 bytes)")
 
 def memory_arithmetic_table(rows:list):
-    "GB a rank holds (no activations) by model size, optimizer, kind and N."
+    "GB a rank holds (no activations) by model size, optimizer, kind and N (8, 64)."
     return _md(['model', 'optimizer', 'DDP, 8', 'DDP, 64', 'ZeRO-1, 8', 'ZeRO-1, 64', 'FSDP2, 8',
-                'FSDP2, 64'], rows, 'GB a rank, arithmetic (no activations)',
+                'FSDP2, 64'], [[m, o, *(f"{b / 1e9:,.1f}" for b in bs)] for m, o, bs in rows],
+               'GB a rank, arithmetic (no activations)',
                '---|---|--:|--:|--:|--:|--:|--:')
 
 def hook_table(hk:dict, label:str):
