@@ -14,7 +14,9 @@ from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
 # %% auto #0
 __all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'error_lines',
            'run_together', 'run', 'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring',
-           'plot_epochs', 'plot_evaluated']
+           'plot_epochs', 'plot_evaluated', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table',
+           'fit_table', 'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
+           'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -284,3 +286,136 @@ def plot_evaluated(shards:list, n:int, title:str):
     ax.set_xticks(range(n)); ax.set_xlabel('test image'); ax.set_ylabel('times evaluated')
     ax.set_yticks([0, 1, 2]); ax.legend(fontsize=8, loc='upper right')
     fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #e7f71c6a
+def _md(head:list, rows:list, title:str='', align:str|None=None):
+    "A Markdown table (IPython display object) from a header and rows of cells."
+    from IPython.display import Markdown
+    align = align or '|'.join(['---'] + ['--:'] * (len(head) - 1))
+    return Markdown((f"{title}\n\n" if title else '') + '| ' + ' | '.join(head) + ' |\n|'
+                    + align + '|\n' + '\n'.join('| ' + ' | '.join(map(str, r)) + ' |'
+                                                for r in rows))
+
+def _spread(med, lo, hi, scale=1e3): return f"{med * scale:.0f} ({lo * scale:.0f}-{hi * scale:.0f})"
+
+# %% ../../nbs/program/12_course_tools.ipynb #07d5a8c0
+def calibration_table(rows:list, label:str):
+    "Measured steps (median, min-max) beside the model's, by process count and batch."
+    return _md(['N', 'batch a process', 'plain step ms', 'DDP step ms', 'all-reduce ms (model)',
+                'predicted DDP ms', 'error'],
+               [[r['n'], r['batch'], _spread(r['plain_s'], r['plain_min'], r['plain_max']),
+                 _spread(r['ddp_s'], r['ddp_min'], r['ddp_max']), f"{r['comm_s'] * 1e3:.0f}",
+                 f"{r['predicted_s'] * 1e3:.0f}", f"{r['error']:+.0%}"] for r in rows],
+               f"Measured on {label}: medians of 5 steps (min-max), slowest rank")
+
+def plot_calibration(rows:list, label:str):
+    "Measured DDP and plain steps (median, min-max bars) and the model's DDP step, by batch."
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(7.5, 4.2)); ax = fig.subplots()
+    for n in sorted({r['n'] for r in rows}):
+        sel, col = [r for r in rows if r['n'] == n], f"C{n - 1}"
+        bs = [r['batch'] for r in sel]
+        for key, mark, what in (('ddp', 'o', 'DDP step'), ('plain', 'x', 'plain step')):
+            med = [r[f'{key}_s'] for r in sel]
+            err = [[m - r[f'{key}_min'] for m, r in zip(med, sel)],
+                   [r[f'{key}_max'] - m for m, r in zip(med, sel)]]
+            ax.errorbar(bs, med, yerr=err, fmt=mark, color=col, capsize=3,
+                        label=f"measured {what}, N={n}")
+        ax.plot(bs, [r['predicted_s'] for r in sel], '-', color=col, label=f"model, N={n}")
+    ax.set(xlabel='batch per process', ylabel='seconds per step',
+           title=f"ResNet-18, 32 px: DDP steps measured and modelled\n{label}")
+    ax.title.set_fontsize(9); ax.legend(fontsize=7); ax.grid(alpha=.3)
+    return fig
+
+def buckets_table(recorded:dict, modelled:dict):
+    "Bucket sizes (MiB) DDP all-reduced at each step, beside the model's."
+    mib = lambda bs: ', '.join(f"{b / 2**20:.2f}" for b in bs)
+    return _md(['DDP(model, ...)', 'step 1', 'step 2', 'step 3', 'ddp_buckets'],
+               [[k, *(mib(s) for s in steps), mib(modelled[k])] for k, steps in recorded.items()],
+               'Measured: bytes of each bucket handed to the all-reduce (MiB)',
+               '---|---|---|---|---')
+
+# %% ../../nbs/program/12_course_tools.ipynb #87d9cee6
+def check_table(check:dict):
+    "Each published case: setting, measured and predicted images/s (held out), error."
+    rows = [[r['source'], r['model'], f"{r['system']}, {r['precision']}, {r['batch']}, {r['data']}",
+             r['n'], f"{r['x']:,.0f}", f"{r['predicted']:,.0f}", f"{r['error']:+.1%}"]
+            for r in check['rows']]
+    return _md(['source', 'model', 'system, precision, batch a GPU, data', 'N', 'measured img/s',
+                'predicted img/s', 'error'], rows,
+               'Published measurements and the model, fitted without the case\'s source',
+               '---|---|---|--:|--:|--:|--:')
+
+def fit_table(check:dict):
+    "The fitted overheads: on every source, and without each; held-out error by source."
+    fits = {'all sources': check['all'], **{f"without {s}": p for s, p in check['fits'].items()}}
+    rows = [[k, f"{p['ddp']:.2%}", f"{p['sync']:.2%}", f"{p['overlap']:.2f}",
+             f"{check['mae_by_source'][k[8:]]:.1%}" if k.startswith('without') else
+             f"{check['mae']:.1%} (all held out)"] for k, p in fits.items()]
+    return _md(['fitted on', 'ddp (share of compute)', 'sync (x log2 N)', 'overlap',
+                'mean abs. error on the held-out source'], rows, '', '---|--:|--:|--:|--:')
+
+def bucket_check_table(rows:list):
+    "1 MB against 25 MB buckets: the README's measured change in throughput and the model's."
+    return _md(['model', 'N', 'measured', 'model'],
+               [[r['model'], r['n'], f"{r['measured']:+.1%}", f"{r['predicted']:+.1%}"]
+                for r in rows], 'bucket_cap_mb=1 against 25 (PyTorch DDP benchmark, p75)')
+
+# %% ../../nbs/program/12_course_tools.ipynb #3dacba4f
+def plot_predictions(rows:list, title:str):
+    "Efficiency against N by fabric: the fit on all sources, shaded from the lowest to highest."
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(8, 4.5)); ax = fig.subplots()
+    for k, f in enumerate(dict.fromkeys(r['fabric'] for r in rows)):
+        sel = [r for r in rows if r['fabric'] == f]
+        ns = [r['n'] for r in sel]
+        ax.plot(ns, [r['efficiency'] for r in sel], 'o-', ms=3, color=f'C{k}', label=f)
+        ax.fill_between(ns, [r['low'] for r in sel], [r['high'] for r in sel], color=f'C{k}',
+                        alpha=.15)
+    ax.set(xscale='log', xlabel='GPUs (N), 8 a node', ylabel='scaling efficiency (estimate)',
+           ylim=(0, 1.02), title=title)
+    ax.title.set_fontsize(9); ax.legend(fontsize=8); ax.grid(alpha=.3, which='both')
+    return fig
+
+def prediction_table(rows:list, ns=(8, 64, 1024)):
+    "Efficiency (band) and all-reduce time at a few N, by fabric."
+    return _md(['fabric', 'N', 'images/s', 'efficiency', 'band', 'all-reduce ms', 'exposed ms'],
+               [[r['fabric'], r['n'], f"{r['images_s']:,.0f}", f"{r['efficiency']:.0%}",
+                 f"{r['low']:.0%}-{r['high']:.0%}", f"{r['comm_s'] * 1e3:.1f}",
+                 f"{r['exposed_s'] * 1e3:.1f}"] for r in rows if r['n'] in ns],
+               'ResNet-50 on A100s, 256 images a GPU: estimates', '---|--:|--:|--:|--:|--:|--:')
+
+def what_if_table(rows:list, title:str):
+    "The model's step with each remedy: batch, step, all-reduce, efficiency (band)."
+    return _md(['change', 'batch a GPU', 'step ms', 'all-reduce ms', 'efficiency', 'band'],
+               [[r['change'], r['batch'], f"{r['step_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
+                 f"{r['efficiency']:.0%}", f"{r['low']:.0%}-{r['high']:.0%}"] for r in rows],
+               title, '---|--:|--:|--:|--:|--:')
+
+# %% ../../nbs/program/12_course_tools.ipynb #44340409
+_KIND_NAMES = {'ddp': 'DDP', 'zero': 'DDP + ZeroRedundancyOptimizer', 'fsdp': 'FSDP2 fully_shard'}
+
+def memory_table(mem:dict, label:str):
+    "Bytes one rank holds (MB) by kind of parallelism, and the largest parameter difference."
+    keys = ('params', 'grads', 'optimizer', 'activations', 'gathered')
+    return _md(['', 'parameters', 'gradients', 'optimizer state', 'activations',
+                'gathered (FSDP2, transient)', 'total', 'max abs param difference from DDP'],
+               [[_KIND_NAMES[k], *(f"{m[x] / 1e6:.1f}" for x in keys),
+                 f"{sum(m[x] for x in keys) / 1e6:.1f}", f"{m['max_diff']:.1e}"]
+                for k, m in mem.items()], f"Measured on {label}, rank 0 of 2 (MB = 10^6 bytes)")
+
+def memory_arithmetic_table(rows:list):
+    "GB a rank holds (no activations) by model size, optimizer, kind and N (8, 64)."
+    return _md(['model', 'optimizer', 'DDP, 8', 'DDP, 64', 'ZeRO-1, 8', 'ZeRO-1, 64', 'FSDP2, 8',
+                'FSDP2, 64'], [[m, o, *(f"{b / 1e9:,.1f}" for b in bs)] for m, o, bs in rows],
+               'GB a rank, arithmetic (no activations)',
+               '---|---|--:|--:|--:|--:|--:|--:')
+
+def hook_table(hk:dict, label:str):
+    "Per hook: bytes all-reduced at the first and last step, ratio to fp32, gradient error."
+    base = hk['fp32']['bytes'][-1]
+    return _md(['hook', 'bytes, step 1', 'bytes, last step', 'fewer than fp32',
+                'gradient error, last step'],
+               [[h, f"{r['bytes'][0] / 1e6:.2f} MB", f"{r['bytes'][-1] / 1e6:.2f} MB",
+                 f"{base / r['bytes'][-1]:.0f}x", f"{r['error']:.1e}"] for h, r in hk.items()],
+               f"Measured on {label}, rank 0 of 2", '---|--:|--:|--:|--:')
