@@ -284,7 +284,7 @@ def no_pids(text:str) -> str:
 
 def error_lines(text:str, n:int=2) -> str:
     "The last `n` lines that name an error (what one pastes into a search box), paths stripped."
-    hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:|Warning', l)
+    hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:', l)
             and 'frame #' not in l]
     return strip_paths('\n'.join(hits[-n:]))
 
