@@ -181,7 +181,7 @@ def demo_save_every_rank(env:DistEnv, root,
                          files=sorted(p.name for p in path.parent.iterdir()))
     return out
 
-# %% ../../nbs/course/07_pitfalls.ipynb #66217a9f
+# %% ../../nbs/course/07_pitfalls.ipynb #7e626021
 def with_hole(data:bytes, where:str, n:int=128) -> bytes:
     "`data`, a `torch.save` file, with `n` zero bytes in the middle of tensor 0 or over its header."
     rec = next(i for i in zipfile.ZipFile(io.BytesIO(data)).infolist()

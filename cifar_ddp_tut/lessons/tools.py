@@ -221,14 +221,15 @@ def plot_shard_grid(res:list, n:int=12):
     "Which images each rank's sampler gave it, with LOCAL_RANK (wrong) and RANK (fixed)."
     import numpy as np
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 2.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
     titles = ('sampler rank = LOCAL_RANK', 'sampler rank = RANK')
     for ax, case, title in zip(axes, ('wrong', 'fixed'), titles):
         grid = np.full((len(res), n), np.nan)
         for g, x in enumerate(res): grid[g, x[case]['indices']] = g
         ax.imshow(grid, cmap='tab10', vmin=0, vmax=9, aspect='auto')
         c = res[0][case]
-        ax.set_title(f"{title}: {c['distinct']} of {n} images, {c['n_main']} main process(es)")
+        ax.set_title(f"{title}\n{c['distinct']} of {n} images, {c['n_main']} main process(es)",
+                     fontsize=10)
         ax.set_xlabel('image index'); ax.set_xticks(range(n))
     axes[0].set_yticks(range(len(res)), [f"rank {g} (node {x['wrong']['node']}, local "
                                          f"{x['wrong']['local_rank']})" for g, x in enumerate(res)])
