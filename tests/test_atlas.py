@@ -1,9 +1,10 @@
-"The error atlas (nbs/course/08_error_atlas.ipynb) on real gloo processes: decisions taken together, exact gathered metrics, a sharded stream."
+"The error atlas (nbs/course/08_error_atlas.ipynb) on real gloo processes: decisions taken together, exact gathered metrics, a sharded stream, reentrant checkpointing under DDP."
 import time
 from collections import Counter
 import torch
 from cifar_ddp_tut.lessons.tools import launch
-from cifar_ddp_tut.lessons.atlas import demo_decide_together, demo_gather_eval, demo_stream, toy_eval_set, roc_auc, confusion
+from cifar_ddp_tut.lessons.atlas import (demo_decide_together, demo_gather_eval, demo_stream, demo_mark_twice, toy_eval_set,
+                                         roc_auc, confusion)
 
 
 def test_decide_together():
@@ -42,3 +43,14 @@ def test_stream_sharded_once():
     assert sorted(fixed) == list(range(50)) and set(fixed.values()) == {1}
     assert sorted(wrong) == list(range(50)) and set(wrong.values()) == {4}
     assert res[0]['fixed']['everyone'] == res[1]['fixed']['everyone']
+
+
+def test_mark_ready_twice():
+    "Reentrant checkpointing fails under DDP when a block is checkpointed twice (default arguments) or with the unused search."
+    res = launch(demo_mark_twice, 2, timeout_s=90)
+    for r in res:
+        for case in ('twice', 'once_unused'):
+            assert r[case].startswith('Expected to mark a variable ready only once'), r[case]
+            assert 'has been marked as ready twice' in r[case].splitlines()[-1], r[case]
+        assert r['once'].startswith('ok') and r['once'] == r['once_no_checkpoint']  # checkpointed once: supported
+        assert r['non_reentrant'] == r['static_graph'] == r['no_checkpoint'] == res[0]['no_checkpoint']

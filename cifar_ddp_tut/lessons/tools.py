@@ -9,13 +9,15 @@ import time, traceback
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
+from ..dist import DistEnv, setup, teardown, in_order, free_port
 
 # %% auto #0
-__all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'error_lines',
+__all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
            'run_together', 'run', 'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring',
-           'plot_epochs', 'plot_evaluated', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table',
-           'fit_table', 'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
+           'plot_epochs', 'plot_evaluated', 'rank_table', 'timeline_table', 'plot_collective_timeline',
+           'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines',
+           'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
+           'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
            'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
@@ -57,7 +59,7 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
             except Exception:
                 if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    raise WorldError(
+                    raise RuntimeError(
                         f"ranks {dead} died without reporting (exit codes "
                         f"{[procs[r].exitcode for r in dead]})")
                 continue
@@ -65,7 +67,7 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
             if errors: break
         if errors:
             r, msg = min(errors.items())
-            raise WorldError(f"rank {r} failed: {msg}")
+            raise RuntimeError(f"rank {r} failed: {msg}")
         return [results[r] for r in range(nprocs)]
     finally:
         for p in procs:
@@ -121,7 +123,7 @@ def child_output():
             os.dup2(saved[0], 1); os.dup2(saved[1], 2); os.close(saved[0]); os.close(saved[1])
             f.seek(0); box.text = f.read()
 
-def error_lines(text:str) -> list:
+def exception_lines(text:str) -> list:
     "The lines of `text` that name an exception (`SomeError: ...`), without tracebacks' paths."
     return [l.strip() for l in text.splitlines() if re.match(r'\s*[\w.]+(Error|Exception): ', l)]
 
@@ -286,6 +288,139 @@ def plot_evaluated(shards:list, n:int, title:str):
     ax.set_xticks(range(n)); ax.set_xlabel('test image'); ax.set_ylabel('times evaluated')
     ax.set_yticks([0, 1, 2]); ax.legend(fontsize=8, loc='upper right')
     fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #a55fc5e4
+def rank_table(res:list, *keys, total:str|None=None, cases=('wrong', 'fixed')):
+    "Print each case of a wrong/fixed demo rank by rank: the `keys` of each rank's result."
+    for case in cases:
+        print(f"{case}:" + (f" {sum(r[case][total] for r in res)} {total} in all" if total else ''))
+        for i, r in enumerate(res):
+            print(f"  rank {i}: " + ', '.join(f"{k} {r[case][k]}" for k in keys))
+
+# %% ../../nbs/program/12_course_tools.ipynb #98f9e51d
+def _hw() -> str:
+    from cifar_ddp_tut.dist import hardware
+    return hardware()['label']
+
+def timeline_table(res:list):
+    "Each rank's collectives in each case of `demo_rank0_only_collective`: when, and how it ended."
+    for case in ('fixed', 'wrong'):
+        print(f"{case}: rank 0 logged {res[0][case]['log']!r}")
+        for r, x in enumerate(res):
+            for ev in x[case]['events']:
+                print(f"  rank {r}: {ev['name']:<10} {ev['start']:5.2f} -> {ev['end']:5.2f} s  "
+                      f"{ev['outcome']}")
+
+def plot_collective_timeline(res:list, timeout_s:float):
+    "Bars: when each rank was in each collective, fixed (ms) and wrong (s); x marks a timeout."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 2.4), gridspec_kw=dict(width_ratios=[1, 3]))
+    colors = dict(all_reduce='C0', barrier='C1')
+    for ax, case, unit, scale in zip(axes, ('fixed', 'wrong'), ('milliseconds', 'seconds'),
+                                     (1000, 1)):
+        for r, x in enumerate(res):
+            for ev in x[case]['events']:
+                ax.barh(r, (ev['end'] - ev['start']) * scale, left=ev['start'] * scale,
+                        color=colors[ev['name']], height=0.5)
+                if ev['outcome'] != 'ok': ax.plot(ev['end'] * scale, r, 'rx', ms=12, mew=3)
+        ax.set_yticks(range(len(res)), [f'rank {r}' for r in range(len(res))])
+        ax.invert_yaxis(); ax.set_xlabel(unit); ax.set_xlim(left=0)
+    axes[0].set_title('fixed: every rank reduces')
+    axes[1].set_title(f'wrong: only rank 0 reduces (x: timed out after {timeout_s:g} s)')
+    axes[1].axvline(timeout_s, color='r', ls='--', lw=1)
+    axes[1].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
+                   labels=list(colors), loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.suptitle(f"gloo, {len(res)} processes on {_hw()}", fontsize=9)
+    plt.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #f1e57191
+def plot_shard_grid(res:list, n:int=12):
+    "Which images each rank's sampler gave it, with LOCAL_RANK (wrong) and RANK (fixed)."
+    import numpy as np
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
+    titles = ('sampler rank = LOCAL_RANK', 'sampler rank = RANK')
+    for ax, case, title in zip(axes, ('wrong', 'fixed'), titles):
+        grid = np.full((len(res), n), np.nan)
+        for g, x in enumerate(res): grid[g, x[case]['indices']] = g
+        ax.imshow(grid, cmap='tab10', vmin=0, vmax=9, aspect='auto')
+        c = res[0][case]
+        ax.set_title(f"{title}\n{c['distinct']} of {n} images, {c['n_main']} main process(es)",
+                     fontsize=10)
+        ax.set_xlabel('image index'); ax.set_xticks(range(n))
+    axes[0].set_yticks(range(len(res)), [f"rank {g} (node {x['wrong']['node']}, local "
+                                         f"{x['wrong']['local_rank']})" for g, x in enumerate(res)])
+    fig.suptitle(f"gloo, {len(res)} processes on {_hw()}", fontsize=9)
+    plt.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #007166e6
+def write_script(folder, fn) -> Path:
+    "A two-line `job.py` in `folder` that imports `fn` and calls it: the script torchrun runs."
+    p = Path(folder)/'job.py'
+    p.write_text(f"from {fn.__module__} import {fn.__name__}\n{fn.__name__}()\n")
+    return p
+
+def worker_pids(out:str) -> dict:
+    "{rank: pid} from the lines a job prints as `rank R (local rank L) pid P`."
+    found = re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)
+    return {int(r): int(pid) for r, pid in found}
+
+def _stop_job(p, pids):
+    "Stop torchrun (it stops its workers), then kill any worker still alive (their own sessions)."
+    if p.poll() is None:
+        p.terminate()
+        try: p.wait(10)
+        except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
+    for pid in pids:
+        try: os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+
+def run_job(args:list, timeout_s:float=60, env:dict|None=None,
+            launcher:str='torch.distributed.run', on_start=None) -> dict:
+    "Run `python -m launcher *args`: rc, stdout, stderr, seconds. Nothing it started survives."
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, '-m', launcher, *map(str, args)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+    if on_start: on_start(p)
+    try: out, err = p.communicate(timeout=timeout_s); rc = p.returncode
+    except subprocess.TimeoutExpired:
+        _stop_job(p, []); out, err = p.communicate(); rc = 'killed after timeout'
+    _stop_job(p, worker_pids(out).values())
+    return dict(rc=rc, out=out, err=err, seconds=time.monotonic() - t0)
+
+# %% ../../nbs/program/12_course_tools.ipynb #bfee4213
+def strip_paths(text:str) -> str:
+    "`text` without this machine's folders: up to `site-packages/` or the package, temp -> `<tmp>`."
+    text = re.sub(r'[^\s"\']*/site-packages/', '', text)
+    text = re.sub(r'[^\s"\']*/(cifar_ddp_tut/)', r'\1', text)
+    return re.sub(re.escape(tempfile.gettempdir()) + r'/[^/\s"\']+', '<tmp>', text)
+
+def no_pids(text:str) -> str:
+    "`text` with process ids replaced by <pid> (they change every run)."
+    return re.sub(r'pid \d+', 'pid <pid>', text).strip()
+
+def error_lines(text:str, n:int=2) -> str:
+    "The last `n` lines that name an error (what one pastes into a search box), paths stripped."
+    hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:', l)
+            and 'frame #' not in l]
+    return strip_paths('\n'.join(hits[-n:]))
+
+# %% ../../nbs/program/12_course_tools.ipynb #3fb3bf7e
+def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0, timeout_s:float=60) -> dict:
+    "Start `fn` under torchrun with `--hang`, SIGUSR1 every rank, stop the job: {rank: stack}."
+    folder = Path(folder); script = write_script(folder, fn)
+    def signal_ranks(p):
+        lines, deadline = '', time.monotonic() + timeout_s
+        while len(worker_pids(lines)) < nproc and time.monotonic() < deadline and p.poll() is None:
+            lines += p.stdout.readline()
+        pids = worker_pids(lines); time.sleep(wait_s)  # every rank is now where it will stay
+        for rank in sorted(pids): os.kill(pids[rank], signal.SIGUSR1)
+        time.sleep(0.5); _stop_job(p, pids.values())
+    run_job(['--standalone', f'--nproc_per_node={nproc}', script, '--hang'], timeout_s,
+            env=dict(STACK_DIR=str(folder)), on_start=signal_ranks)
+    return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
+            for r in range(nproc) if (folder/f'stack-rank{r}.txt').exists()}
 
 # %% ../../nbs/program/12_course_tools.ipynb #e7f71c6a
 def _md(head:list, rows:list, title:str='', align:str|None=None):
