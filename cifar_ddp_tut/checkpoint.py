@@ -117,7 +117,7 @@ def peek(path) -> dict:
     return {k: v for k, v in ck.items() if type(v) is int} if isinstance(ck, dict) else {}
 
 def load_resumable(path) -> tuple:
-    "Snapshot `path`, or the previous one if `path` is unusable: (file used, its dict, why not `path`)."
+    "Snapshot `path`, or the previous one if it is unusable: (file used, its dict, why not `path`)."
     path, prev = Path(path), previous(path)
     try: return path, load_checkpoint(path, fix=''), ''
     except CheckpointError as e: bad = str(e)
@@ -129,7 +129,8 @@ def load_resumable(path) -> tuple:
         "as they are: run with --resume false to start over, or move them away") from None
     held, at = peek(path).get('step'), ck.get('step', 0)
     lost = (f"it held step {held}, so the {held - at} steps after step {at} are trained again"
-            if isinstance(held, int) and held > at else f"the steps after step {at} are trained again")
+            if isinstance(held, int) and held > at else
+            f"the steps after step {at} are trained again")
     return prev, ck, f"{bad}; {lost}"
 
 # %% ../nbs/program/06_checkpoint.ipynb #44b3f447
