@@ -513,7 +513,9 @@ def main(argv=None):
     def on_sigint(signum, frame):  # the first Ctrl-C interrupts; torchrun forwards later ones too
         interrupted.append(signum)
         if len(interrupted) == 1: raise KeyboardInterrupt
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     signal.signal(signal.SIGINT, on_sigint)
+    _stop_signals.clear()
     for s in (signal.SIGTERM, signal.SIGUSR1): signal.signal(s, request_stop)
     cfg, code = None, 0
     try:
@@ -541,7 +543,9 @@ def main(argv=None):
                   file=sys.stderr, flush=True)
             code = 1
         else: raise
-    finally: teardown()
+    finally:
+        teardown()
+        for s, h in before.items(): signal.signal(s, h)  # called in a process that lives on
     if code: sys.exit(code)
 
 # %% ../nbs/program/07_train.ipynb #a5dc9184

@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil, pytest, torch
 from _util import QUICKSTART, torchrun, run_module, start_torchrun, wait_for, snapshot_value, read_metrics, world_pids, same_history
 
+pytestmark = pytest.mark.slow  # every test here reads a training run (the module's reference)
 STEPS = 8  # optimizer steps an epoch: 512 images, batch 64
 SMALL = ['--synthetic_train_size', str(STEPS * 64), '--synthetic_test_size', '51', '--epoch', '2', '--plot', 'false']
 
