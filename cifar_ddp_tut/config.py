@@ -213,7 +213,7 @@ class PathError(ConfigError):
     "A path in the config cannot be used; may differ between nodes (each node's local rank 0 says)."
 
 # what a run writes into save_dir
-OUTPUTS = ('metrics.jsonl', 'snapshot.pt', 'best.pt', 'curves.png', 'eval.json')
+OUTPUTS = ('metrics.jsonl', 'snapshot.pt', 'snapshot.prev.pt', 'best.pt', 'curves.png', 'eval.json')
 
 def _nearest_existing(p:Path) -> Path:
     while not p.exists() and p != p.parent: p = p.parent
