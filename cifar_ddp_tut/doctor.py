@@ -136,7 +136,8 @@ def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
     alone = (": one process, so nothing crosses a link and the times are a local no-op"
              if res['world_size'] == 1 else '')
-    lines = [f"all_reduce(SUM) of float32, {res['backend']}, {res['world_size']} process(es){alone}",
+    what = f"all_reduce(SUM) of float32, {res['backend']}, {res['world_size']} process(es)"
+    lines = [what + alone,
              '',
              '| size | iters | time us | algbw GB/s | busbw GB/s | correct |',
              '|--:|--:|--:|--:|--:|:-:|']
