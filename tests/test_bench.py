@@ -65,6 +65,29 @@ def test_bench_errors_are_clear(tmp_path):
     assert rep['results'] == [] and 'backend=nccl needs CUDA' in rep['failures'][0]['error']
 
 
+SYNC_NOTICE_PROBE = """
+import json, warnings, torch
+from cifar_ddp_tut.bench import SYNC_WARNING, host_sync_sites
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    torch._C._cuda_set_sync_debug_mode(1); torch._C._cuda_set_sync_debug_mode(0)  # set_sync_debug_mode('warn'), then off
+sync = warnings.WarningMessage(SYNC_WARNING, UserWarning, 'train.py', 142)  # what a real host sync gives
+print(json.dumps(dict(messages=[str(w.message) for w in caught], counted=host_sync_sites(caught),
+                      with_a_sync=host_sync_sites([*caught, sync]))))
+"""
+
+
+def test_sync_debug_notice_is_not_a_host_sync():
+    "Turning the sync debug mode on prints a one-time notice; the benchmark must not count it as a host sync (on CPU)."
+    import torch
+    if not hasattr(torch._C, '_cuda_set_sync_debug_mode'): pytest.skip("this torch build has no CUDA bindings")
+    # a fresh process: torch prints the notice once per process
+    p = subprocess.run([sys.executable, '-c', SYNC_NOTICE_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(got['messages']) == 1 and 'does not yet detect all synchronizing operations' in got['messages'][0], got
+    assert got['counted'] == [] and got['with_a_sync'] == ['train.py:142'], got
+
 def _marked(mark):
     "Pids of live processes whose environment carries BENCH_TEST_MARK=mark."
     pids = []
