@@ -188,7 +188,8 @@ def test_bad_input_in_one_process(case, tmp_path, monkeypatch, capfd):
     print(f"{case}: exit {e.value.code} in {secs:.2f} s: {err.strip()}")
 
 
-@pytest.mark.parametrize('case', [ALSO_UNDER_TORCHRUN, *NEED_RANKS])
+@pytest.mark.parametrize('case', [ALSO_UNDER_TORCHRUN,  # the developer's loop (-m 'not slow') keeps this one
+                                  *(pytest.param(c, marks=pytest.mark.slow) for c in NEED_RANKS)])
 def test_bad_input_under_torchrun(case, tmp_path):
     "2 torchrun processes: one line between them, non-zero exit, nobody waits on a peer until a timeout."
     args, env = _args(case, tmp_path)

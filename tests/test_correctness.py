@@ -23,6 +23,7 @@ def _eval(nproc, ckpt, save_dir, data, *extra):
     return json.loads((save_dir/'eval.json').read_text())
 
 
+@pytest.mark.slow
 def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     """2 processes train with BatchNorm in training mode; the val loss/acc they log for each epoch equal an --eval_only of
     the checkpoint saved at that epoch, in ONE process (so with one set of buffers), to 1e-5. Before the fix each rank
