@@ -7,16 +7,7 @@ import os, signal
 from dataclasses import dataclass
 from pathlib import Path
 import pytest
-from _util import QUICKSTART, read_metrics, torchrun
-
-SMALL_EPOCHS = 4
-
-
-def small_args(save_dir, data_dir, *extra, epochs=SMALL_EPOCHS) -> list:
-    "The small quickstart (640 training and 101 test images, no plot) that the fault tests interrupt."
-    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir,
-            '--synthetic_train_size', '640', '--synthetic_test_size', '101', '--epoch', str(epochs),
-            '--plot', 'false', *extra]
+from _util import read_metrics, small_args, torchrun
 
 
 @dataclass(frozen=True)
