@@ -1,9 +1,8 @@
-"""What several test files share: one small trained quickstart (session-wide), and the SIGINT handler
-that an in-process `train.main` leaves behind put back after each test.
+"""What several test files share: one small trained quickstart, trained once a session.
 
 The `slow` marker is registered in pyproject.toml (`--strict-markers`: a misspelt marker is an error).
 `pytest -m "not slow"` is the developer's loop; CI runs every test."""
-import os, signal
+import os
 from dataclasses import dataclass
 from pathlib import Path
 import pytest
@@ -32,10 +31,3 @@ def small_run(tmp_path_factory) -> SmallRun:
     print(f"small_run: {secs:.0f} s")
     return SmallRun(d/'run', d/'data', p.stdout, read_metrics(d/'run'))
 
-
-@pytest.fixture(autouse=True)
-def _restore_sigint():
-    "`train.main` installs its own SIGINT handler; called in-process it would outlive the test."
-    before = signal.getsignal(signal.SIGINT)
-    yield
-    signal.signal(signal.SIGINT, before)
