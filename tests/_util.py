@@ -28,6 +28,12 @@ def run_module(module, *args, timeout=300):
     return p, time.monotonic() - t0
 
 
+def small_args(save_dir, data_dir, *extra, epochs=4) -> list:
+    "The small quickstart (640 training and 101 test images, 4 epochs, no plot): conftest's `small_run`."
+    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir, '--synthetic_train_size', '640',
+            '--synthetic_test_size', '101', '--epoch', str(epochs), '--plot', 'false', *extra]
+
+
 def read_metrics(save_dir):
     return [json.loads(l) for l in (Path(save_dir)/'metrics.jsonl').read_text().splitlines()]
 

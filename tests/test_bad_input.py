@@ -1,10 +1,17 @@
-"""Every mistake a user can make gets one clear line on stderr, a non-zero exit within seconds, on 2 torchrun
-processes, and leaves every file in save_dir as it was."""
-import hashlib, os, random
+"""Every mistake a user can make gets one clear line on stderr, a non-zero exit within seconds, and leaves
+every file in save_dir as it was.
+
+Where each case runs: a mistake found before any process group starts (the command line, the config, the
+paths: `parse_cli` and `check_paths` in `train.main`) is the same in every process, so it runs in this
+process through the program's entry point, `train.main(argv)`. One of them also runs under torchrun on 2
+processes, to show that N processes print one line. A mistake found after the process group started
+(world size, data, model, checkpoints) runs under torchrun on 2 processes."""
+import hashlib, os, random, time
 from pathlib import Path
 import pytest
 import torch
 from _util import QUICKSTART, torchrun
+from cifar_ddp_tut import train
 from cifar_ddp_tut.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from cifar_ddp_tut.config import load_config
 from cifar_ddp_tut.model import build_model
@@ -121,14 +128,71 @@ CASES = {  # case: text the one error line must contain
 }
 
 
+# Where each case fails, found by reading `train.main` and by running every case in one process with
+# `setup` (which starts the process group) replaced by a failure: these 20 fail before it; the other 12
+# (world size, model, data, checkpoints, devices) after it.
+BEFORE_SETUP = ['missing_file', 'config_is_a_folder', 'binary_config', 'broken_yaml', 'unknown_key_in_file',
+                'unknown_option', 'wrong_type', 'zero_lr', 'negative_epochs', 'bad_choice',
+                'missing_eval_checkpoint', 'eval_without_checkpoint', 'save_dir_is_a_file', 'save_dir_unwritable',
+                'eval_json_is_a_folder', 'data_dir_is_a_file', 'nan_lr', 'inf_timeout',
+                'static_graph_with_accumulation', 'device_wrong_type']
+# one of them under torchrun too: a path error, which each node's first process reports (config errors,
+# which rank 0 reports, are shown under torchrun by batch_not_divisible and others below)
+ALSO_UNDER_TORCHRUN = 'save_dir_is_a_file'
+NEED_RANKS = [c for c in CASES if c not in BEFORE_SETUP]
+
+
 def _hashes(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()}
 
 
-@pytest.mark.parametrize('case', list(CASES))
-def test_bad_input(case, tmp_path):
+def _args(case, tmp_path):
     args, env = _setup(case, tmp_path)
-    args = [*args, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data'] if '--save_dir' not in args else args
+    if '--save_dir' not in args: args = [*args, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data']
+    return [str(a) for a in args], env
+
+
+def _check_untouched(case, tmp_path, before, stdout, stderr):
+    assert _hashes(tmp_path/'run') == before  # nothing in save_dir damaged, deleted or added
+    assert not (tmp_path/'pwned').exists()
+    assert 'train loss' not in stdout and 'it/s]' not in stderr, stderr[-2000:]  # known up front: nothing trained
+    if case == 'save_dir_is_a_file': assert (tmp_path/'afile').read_text() == 'keep me\n'
+    if case == 'corrupt_synthetic_data': assert 'download=True' not in stderr  # torchvision's hint means nothing here
+
+
+def test_every_case_has_its_place():
+    assert set(BEFORE_SETUP) <= set(CASES) and ALSO_UNDER_TORCHRUN in BEFORE_SETUP
+    assert (len(BEFORE_SETUP), len(NEED_RANKS), len(CASES)) == (20, 12, 32)
+
+
+@pytest.mark.parametrize('case', BEFORE_SETUP)
+def test_bad_input_in_one_process(case, tmp_path, monkeypatch, capfd):
+    "`train.main(argv)` in this process, as one process of any world: one line, exit 2, nothing written."
+    args, env = _args(case, tmp_path)
+    for k, v in env.items(): monkeypatch.setenv(k, v)
+    for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'):
+        monkeypatch.delenv(k, raising=False)
+    def no_setup(*a, **k): raise AssertionError(f"{case} reached setup(): it is not found before the process group")
+    monkeypatch.setattr(train, 'setup', no_setup)
+    before = _hashes(tmp_path/'run')
+    capfd.readouterr()
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as e: train.main(args)
+    secs = time.monotonic() - t0
+    out, err = capfd.readouterr()
+    assert e.value.code == 2, (e.value.code, err)  # a ConfigError: the input is wrong, not the run
+    assert len(err.splitlines()) == 1, err  # the one line and nothing else: no traceback, no warning
+    assert err.startswith('cifar_ddp_train: error: ') and CASES[case] in err, err
+    assert secs < 10, f"took {secs:.1f} s"
+    _check_untouched(case, tmp_path, before, out, err)
+    print(f"{case}: exit {e.value.code} in {secs:.2f} s: {err.strip()}")
+
+
+@pytest.mark.parametrize('case', [ALSO_UNDER_TORCHRUN,  # the developer's loop (-m 'not slow') keeps this one
+                                  *(pytest.param(c, marks=pytest.mark.slow) for c in NEED_RANKS)])
+def test_bad_input_under_torchrun(case, tmp_path):
+    "2 torchrun processes: one line between them, non-zero exit, nobody waits on a peer until a timeout."
+    args, env = _args(case, tmp_path)
     before = _hashes(tmp_path/'run')
     p, secs = torchrun(2, *args, extra_env=env, timeout=240)
     errors = [l for l in p.stderr.splitlines() if l.startswith('cifar_ddp_train: error:')]
@@ -137,11 +201,7 @@ def test_bad_input(case, tmp_path):
     assert CASES[case] in errors[0], errors[0]
     assert 'cifar_ddp_tut/' not in p.stderr, p.stderr[-3000:]  # no traceback from the workers' code
     assert secs < 90, f"took {secs:.0f} s"  # nobody waited on a peer until a timeout
-    assert _hashes(tmp_path/'run') == before  # nothing in save_dir damaged, deleted or added
-    assert not (tmp_path/'pwned').exists()
-    assert 'train loss' not in p.stdout and 'it/s]' not in p.stderr, p.stderr[-2000:]  # known up front: nothing trained
-    if case == 'save_dir_is_a_file': assert (tmp_path/'afile').read_text() == 'keep me\n'
-    if case == 'corrupt_synthetic_data': assert 'download=True' not in p.stderr  # torchvision's hint means nothing here
+    _check_untouched(case, tmp_path, before, p.stdout, p.stderr)
     print(f"{case}: exit {p.returncode} in {secs:.1f} s: {errors[0]}")
 
 

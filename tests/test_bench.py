@@ -15,6 +15,7 @@ def bench(*args, timeout=600):
     return run_module('cifar_ddp_tut.bench', *args, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_bench_cpu_both_recipes(tmp_path):
     "Both recipes on 1 and 2 gloo processes with a tiny model: a table on stdout and every figure in the JSON."
     out = tmp_path/'bench.json'
@@ -165,6 +166,7 @@ def original_run(tmp_path_factory):
     return _train('original', tmp_path_factory.mktemp('accuracy'))
 
 
+@pytest.mark.slow
 def test_original_recipe_learns(original_run):
     acc, secs = original_run
     print(f"original recipe: final val acc {acc:.4f} ({secs:.0f} s)")
@@ -172,6 +174,7 @@ def test_original_recipe_learns(original_run):
     assert acc < 0.999
 
 
+@pytest.mark.slow
 def test_fast_recipe_accuracy(original_run, tmp_path):
     "The fast recipe (device data, bf16, channels_last, static DDP graph) reaches the original's accuracy within a point."
     acc, secs = _train('fast', tmp_path)

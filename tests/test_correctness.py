@@ -3,7 +3,7 @@ keeps random states on the CPU, static graph + accumulation is refused, cuDNN au
 import dataclasses, json, os, stat, subprocess, sys
 import pytest
 import torch
-from _util import QUICKSTART, ROOT, torchrun, read_metrics
+from _util import QUICKSTART, ROOT, torchrun
 from cifar_ddp_tut import train
 from cifar_ddp_tut.config import ConfigError, load_config
 from cifar_ddp_tut.dist import DistEnv
@@ -23,30 +23,27 @@ def _eval(nproc, ckpt, save_dir, data, *extra):
     return json.loads((save_dir/'eval.json').read_text())
 
 
-def test_logged_validation_is_the_saved_models(tmp_path):
+@pytest.mark.slow
+def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     """2 processes train with BatchNorm in training mode; the val loss/acc they log for each epoch equal an --eval_only of
     the checkpoint saved at that epoch, in ONE process (so with one set of buffers), to 1e-5. Before the fix each rank
-    evaluated its shard with its own BatchNorm running statistics."""
-    old = os.umask(0o022)
-    try: p, _ = torchrun(2, '--cfg', QUICKSTART, '--data_dir', tmp_path/'data', *SMALL, '--save_dir', tmp_path/'run',
-                         '--epoch', '2', '--plot', 'false')
-    finally: os.umask(old)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in p.stdout, p.stdout
-    hist = read_metrics(tmp_path/'run')
-    best_epoch = torch.load(tmp_path/'run'/'best.pt', weights_only=True)['epoch']
+    evaluated its shard with its own BatchNorm running statistics. The run is conftest's `small_run` (4 epochs)."""
+    run, data = small_run.save_dir, small_run.data_dir
+    assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in small_run.stdout, small_run.stdout
+    hist = small_run.history
+    best_epoch = torch.load(run/'best.pt', weights_only=True)['epoch']
     for ckpt, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
-        ev = _eval(1, tmp_path/'run'/ckpt, tmp_path/f'eval_{ckpt}', tmp_path/'data')
+        ev = _eval(1, run/ckpt, tmp_path/f'eval_{ckpt}', data)
         print(f"{ckpt}: logged val acc {row['val_acc']:.6f} loss {row['val_loss']:.6f}; "
               f"1-process eval acc {ev['acc']:.6f} loss {ev['loss']:.6f}")
         assert ev['count'] == row['val_count'] == 101
         assert abs(ev['acc'] - row['val_acc']) <= TOL and abs(ev['loss'] - row['val_loss']) <= TOL * max(1, abs(row['val_loss']))
     # eval_only with a world size that does not divide the training batch: evaluation needs no even split
-    ev3 = _eval(2, tmp_path/'run'/'snapshot.pt', tmp_path/'eval_odd', tmp_path/'data', '--batch_size', '63')
+    ev3 = _eval(2, run/'snapshot.pt', tmp_path/'eval_odd', data, '--batch_size', '63')
     assert ev3['count'] == 101 and abs(ev3['acc'] - hist[-1]['val_acc']) <= TOL
-    # files follow the umask like any other write (the temporary file behind the atomic write is 0600)
+    # files follow the umask (022 for this run) like any other write (the temporary file behind the atomic write is 0600)
     for f in ('metrics.jsonl', 'best.pt', 'snapshot.pt'):
-        assert stat.S_IMODE((tmp_path/'run'/f).stat().st_mode) == 0o644, f
+        assert stat.S_IMODE((run/f).stat().st_mode) == 0o644, f
 
 
 def _tiny_cfg(tmp_path, **kw):

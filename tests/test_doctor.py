@@ -1,5 +1,6 @@
 "The doctor command end to end on CPU: 2 gloo processes, every check, its JSON, its table and its exit codes."
 import json, os, subprocess, sys, time
+import pytest
 from _util import ROOT, run_module
 
 CHECKS = ['environment', 'all-reduce: correct sums', 'run: stopped after the first snapshot', 'run: resume is continuous',
@@ -11,6 +12,7 @@ def doctor(*args, timeout=300):
     return run_module('cifar_ddp_tut.doctor', *args, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_doctor_cpu(tmp_path):
     "Every check passes on 2 gloo processes, within a few minutes; the JSON holds every figure the table shows."
     out = tmp_path/'doctor.json'

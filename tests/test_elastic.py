@@ -15,6 +15,7 @@ def small(save_dir, data_dir, *extra):
             '--synthetic_test_size', '101', '--epoch', str(EPOCHS), '--plot', 'false', *extra]
 
 
+@pytest.mark.slow
 def test_elastic_restarts_every_time(tmp_path):
     """`--max-restarts=3` and exactly 3 SIGKILLs, each of one worker of a freshly restarted group, after its snapshot.
     One restart that fails to form its process group uses up the budget and the job fails."""

@@ -23,6 +23,7 @@ def reference(tmp_path_factory):
     return read_metrics(d/'run')
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted(tmp_path, reference):
     args = small(tmp_path/'run', tmp_path/'data')
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
@@ -40,6 +41,7 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, reference):
     assert len(read_metrics(tmp_path/'run')) == 1
 
 
+@pytest.mark.slow
 def test_mid_epoch_snapshots_resume(tmp_path):
     "snapshot_every=K writes snapshots inside the epoch; a resumed run picks up at the recorded batch."
     args = small(tmp_path/'run', tmp_path/'data', '--snapshot_every', '3', '--epoch', '2')
@@ -56,6 +58,7 @@ def test_mid_epoch_snapshots_resume(tmp_path):
 # Elastic restarts under torchrun (three kills in a row, no spare restarts) are in test_elastic.py.
 
 
+@pytest.mark.slow
 def test_peer_that_stops_answering_fails_within_timeout(tmp_path):
     "A rank frozen with SIGSTOP: the other rank's collective times out after timeout_s and it exits with a message."
     p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data', '--epoch', '30', '--timeout_s', '5'), log_dir=tmp_path/'logs')
@@ -72,6 +75,7 @@ def test_peer_that_stops_answering_fails_within_timeout(tmp_path):
     assert '[rank 0] a peer process died or did not answer within timeout_s' in p.err_path.read_text()
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine(tmp_path):
     "Two torchrun 'nodes' (--nnodes=2, one process each) meet at a c10d rendezvous on 127.0.0.1 and train together."
     port = free_port()

@@ -42,6 +42,7 @@ def step(work, key):
 def epoch_lines(out): return re.findall(r'^epoch \d+: .*$', out, re.M)
 
 
+@pytest.mark.slow
 def test_one_process(work):
     out, r = step(work, 's1')
     assert len(epoch_lines(out)) == 2 and r['per_rank_batch'] == [32, 32], out
@@ -50,6 +51,7 @@ def test_one_process(work):
     assert not any(k.startswith('module.') for k in sd) and sd['fc.weight'].shape == (10, 512)
 
 
+@pytest.mark.slow
 def test_spawn_world_of_one_is_one_process(work):
     "s2 with --world_size 1 runs the DDP code path and prints step 1's numbers, digit for digit."
     out, r = step(work, 's2x1')
@@ -59,6 +61,7 @@ def test_spawn_world_of_one_is_one_process(work):
     assert len(r['ranks']) == 1
 
 
+@pytest.mark.slow
 def test_spawn_two_processes(work):
     "Two processes: rank 0 alone prints and saves, 16 images each a step, both replicas identical."
     out, r = step(work, 's2x2')
@@ -73,6 +76,7 @@ def test_spawn_two_processes(work):
     assert r['param_sum'] != step(work, 's1')[1]['param_sum']
 
 
+@pytest.mark.slow
 def test_torchrun_same_as_spawn(work):
     "Under torchrun with 1 and 2 processes, s3 prints exactly what s2 printed with as many."
     for n in (1, 2):
@@ -81,6 +85,7 @@ def test_torchrun_same_as_spawn(work):
         assert r == step(work, f's2x{n}')[1], (n, r)
 
 
+@pytest.mark.slow
 def test_two_launchers_as_two_nodes(work):
     "Two torchrun launchers (--nnodes=2, one process each) run s3 unchanged: s3x2's numbers."
     node = [*TORCHRUN, '--nnodes=2', '--nproc_per_node=1', '--rdzv_backend=c10d',
@@ -91,6 +96,7 @@ def test_two_launchers_as_two_nodes(work):
     assert results(''.join(outs)) == step(work, 's3x2')[1]
 
 
+@pytest.mark.slow
 def test_groupnorm_two_processes_equal_one(work):
     "Without BatchNorm, 2 processes x 16 images train the weights of 1 x 32, to float rounding."
     import torchvision

@@ -1,5 +1,6 @@
 "The foundation, end to end: the quickstart under torchrun on 2 gloo processes, and a plain single process."
 import subprocess, sys
+import pytest
 from pathlib import Path
 from _util import QUICKSTART, ROOT, read_metrics, torchrun
 from cifar_ddp_tut.checkpoint import load_checkpoint, load_model_state
@@ -7,6 +8,7 @@ from cifar_ddp_tut.config import load_config
 from cifar_ddp_tut.model import build_model
 
 
+@pytest.mark.slow
 def test_quickstart_two_processes(tmp_path):
     out = tmp_path/'run'
     p, secs = torchrun(2, '--cfg', QUICKSTART, '--save_dir', out, '--data_dir', tmp_path/'data')

@@ -55,6 +55,7 @@ def test_accumulation_with_no_sync_equals_plain(two):
     assert accum[1] == plain[1] > 0  # no_sync skipped the all-reduce on the first two micro-batches
 
 
+@pytest.mark.slow
 def test_eval_only_exact_for_any_world_size(tmp_path):
     "The same checkpoint evaluated by 1, 2 and 3 processes: same count, same correct, same loss."
     data, train_dir = tmp_path/'data', tmp_path/'train'

@@ -16,6 +16,7 @@ def _hashes(folder):
 def _errors(stderr): return [l for l in stderr.splitlines() if 'cifar_ddp_train: ' in l]
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_every_rank_and_keeps_the_last_good_files(tmp_path):
     """A good epoch, then a run whose loss explodes (lr 1e4): every rank stops within log_every steps with one line naming
     the epoch and steps, exit 1, and snapshot.pt, best.pt and metrics.jsonl stay byte for byte the good run's."""
@@ -33,6 +34,7 @@ def test_nan_loss_stops_every_rank_and_keeps_the_last_good_files(tmp_path):
     assert _hashes(tmp_path/'run') == good
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_once_what_was_kept(tmp_path):
     "SIGINT to torchrun (what Ctrl-C in a terminal sends): one line from rank 0 saying what the snapshot holds; no tracebacks."
     args = ['--cfg', QUICKSTART, '--save_dir', tmp_path/'run', '--data_dir', tmp_path/'data', *SMALL, '--epoch', '30']
@@ -50,6 +52,7 @@ def test_ctrl_c_says_once_what_was_kept(tmp_path):
     assert snapshot_value(tmp_path/'run') >= 1  # the snapshot survived
 
 
+@pytest.mark.slow
 def test_unwritable_save_dir_mid_run_names_the_file(tmp_path):
     """save_dir becomes unusable after the run started (here: metrics.jsonl replaced by a folder, as a full or read-only
     disk would make the write fail): rank 0 names the file and what was kept, exit non-zero, no traceback."""
