@@ -2,26 +2,19 @@
 And the connect phase of `setup` honours timeout_s: a rank that cannot join fails with one line."""
 import os, signal, subprocess, sys, time
 import pytest
-from _util import (ROOT, QUICKSTART, read_metrics, torchrun, start_torchrun, children, wait_for, snapshot_value,
-                   same_history)
+from _util import (ROOT, QUICKSTART, read_metrics, start_torchrun, children, wait_for, snapshot_value,
+                   same_history, small_args as small)
 from cifar_ddp_tut.dist import free_port
 
 EPOCHS = 4
 KILLS = EPOCHS - 1  # one SIGKILL after each snapshot but the last: max-restarts equals the kills, none to spare
 
 
-def small(save_dir, data_dir, *extra):
-    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir, '--synthetic_train_size', '640',
-            '--synthetic_test_size', '101', '--epoch', str(EPOCHS), '--plot', 'false', *extra]
-
-
 @pytest.mark.slow
-def test_elastic_restarts_every_time(tmp_path):
+def test_elastic_restarts_every_time(tmp_path, small_run):
     """`--max-restarts=3` and exactly 3 SIGKILLs, each of one worker of a freshly restarted group, after its snapshot.
     One restart that fails to form its process group uses up the budget and the job fails."""
-    p0, _ = torchrun(2, *small(tmp_path/'ref', tmp_path/'data'))
-    assert p0.returncode == 0, p0.stderr[-3000:]
-    reference = read_metrics(tmp_path/'ref')
+    reference = small_run.history  # the same arguments, uninterrupted (conftest)
     p = start_torchrun(2, *small(tmp_path/'run', tmp_path/'data', '--timeout_s', '30'), log_dir=tmp_path/'logs',
                        launcher_args=[f'--max-restarts={KILLS}'])
     killed, t0 = [], time.monotonic()

@@ -2,25 +2,17 @@
 machine (elastic restarts: test_elastic.py)."""
 import os, signal, subprocess, sys, time
 import pytest
-from _util import (QUICKSTART, read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
-                   snapshot_value, world_pids, same_history)
+from _util import (read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
+                   snapshot_value, world_pids, same_history, small_args as small)
 from cifar_ddp_tut.dist import free_port
 
 EPOCHS = 4
 
 
-def small(save_dir, data_dir, *extra):
-    return ['--cfg', QUICKSTART, '--save_dir', save_dir, '--data_dir', data_dir, '--synthetic_train_size', '640',
-            '--synthetic_test_size', '101', '--epoch', str(EPOCHS), '--plot', 'false', *extra]
-
-
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-    "The uninterrupted run every interrupted one must reproduce."
-    d = tmp_path_factory.mktemp('ref')
-    p, _ = torchrun(2, *small(d/'run', d/'data'))
-    assert p.returncode == 0, p.stderr[-3000:]
-    return read_metrics(d/'run')
+def reference(small_run):
+    "The uninterrupted run every interrupted one must reproduce (conftest's, shared with test_elastic)."
+    return small_run.history
 
 
 @pytest.mark.slow
