@@ -11,7 +11,8 @@ import torch.distributed as dist
 from ..dist import DistEnv, WorldError, setup, teardown, in_order, free_port
 
 # %% auto #0
-__all__ = ['launch', 'demo_all_reduce', 'demo_in_order', 'run_together', 'run', 'results', 'listing_html', 'diff_html']
+__all__ = ['launch', 'demo_all_reduce', 'demo_in_order', 'run_together', 'run', 'results', 'listing_html', 'diff_html',
+           'show_comparison', 'spread', 'plot_timeline', 'plot_step_times']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -169,3 +170,68 @@ def diff_html(old, new, context:int=2) -> str:
     return (f'<div class="step-diff" data-old="{o}" data-new="{n}"><b>{o} &rarr; {n}</b>: '
             f'{added} lines added, {removed} removed'
             f'<pre style="font-size:12px;line-height:1.3">{body}</pre></div>')
+
+# %% ../../nbs/program/12_course_tools.ipynb #76852575
+def show_comparison(res:list):
+    "Print `compare_wrappers`' results, by rank (course/03_inside_ddp): differences and counts."
+    print(f"{'':31s} rank | max|param - torch DDP's| | max|buffer - torch DDP's| | "
+          "max|param - rank 0's| | all-reduces + broadcasts, each step")
+    for kind in res[0]:
+        for r, x in enumerate(res):
+            x = x[kind]
+            print(f"{kind:31s} {r:4d} | {x['params_vs_ref']:24.1e} | {x['buffers_vs_ref']:25.1e} "
+                  f"| {x['between_ranks']:20.1e} | {x['collectives_per_step'] or '(not counted)'}")
+    print(f"largest change of a parameter over the steps: {res[0]['torch DDP']['moved']:.3f}")
+
+def spread(values, fmt:str='.0f') -> str:
+    "`median [min-max]` of `values`: how a measurement that varies from run to run is reported."
+    import statistics
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+# %% ../../nbs/program/12_course_tools.ipynb #2f70e72f
+def plot_timeline(ranks:list, title:str):
+    "Draw one profiled DDP step per rank (`profile_ddp_steps`): phases, backward ops, gloo threads."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.4 * len(ranks)), sharex=True,
+                             squeeze=False)
+    for r, (ax, evs) in enumerate(zip(axes[:, 0], ranks)):
+        threads = sorted({t for k, *_, t, _ in evs if k == 'gloo'}, key=str)
+        for k, name, a, b, t, mb in evs:
+            if k == 'phase':
+                ax.barh(3, b - a, left=a, color='0.85', edgecolor='0.4')
+                ax.text((a + b) / 2, 3, name, ha='center', va='center', fontsize=8)
+            elif k in ('autograd', 'reducer'):
+                conv = 'tab:red' if 'Convolution' in name else 'tab:blue'
+                ax.barh(2, b - a, left=a, color='k' if k == 'reducer' else conv)
+            elif k == 'gloo':
+                y = 1 - threads.index(t) * 0.9
+                ax.barh(y, b - a, left=a, height=0.7, edgecolor='k',
+                        color='tab:orange' if 'all_reduce' in name else 'tab:green')
+                if 'all_reduce' in name: ax.text(a, y + 0.42, f"{mb:.1f} MiB", fontsize=7)
+        ys = [3, 2, *[1 - 0.9 * i for i in range(len(threads))]]
+        ax.set_yticks(ys, ['phase', 'backward ops\n(main thread)',
+                           *[f'gloo thread {i + 1}' for i in range(len(threads))]])
+        ax.set_title(f"rank {r}", fontsize=9, loc='left')
+    axes[-1, 0].set_xlabel("ms since the step began (each rank's own clock)")
+    fig.suptitle(f"{title}\nred: convolution backward, blue: other backward ops, black: DDP "
+                 "copying gradients into buckets, orange: gloo all-reduce of a bucket, green: "
+                 "gloo broadcast of buffers", fontsize=9)
+    fig.tight_layout()
+    plt.show()
+
+def plot_step_times(times:dict, title:str):
+    "Bars: median ms a step of each configuration ({label: [ms, ...]}); whiskers: min to max."
+    import statistics
+    import matplotlib.pyplot as plt
+    labels, runs = list(times), list(times.values())
+    med = [statistics.median(v) for v in runs]
+    err = [[m - min(v) for m, v in zip(med, runs)], [max(v) - m for m, v in zip(med, runs)]]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.bar(labels, med, yerr=err, capsize=4,
+           color=['0.6' if l == 'no DDP' else 'tab:orange' for l in labels])
+    for i, v in enumerate(med): ax.text(i, v / 2, f"{v:.0f}", ha='center', fontsize=8)
+    ax.set_ylabel('ms per step (slower rank)')
+    ax.set_title(f"{title}\nbars: median of {len(runs[0])} steps; whiskers: fastest and slowest",
+                 fontsize=9)
+    fig.tight_layout()
+    plt.show()
