@@ -227,9 +227,8 @@ def plot_step_times(times:dict, title:str):
     med = [statistics.median(v) for v in runs]
     err = [[m - min(v) for m, v in zip(med, runs)], [max(v) - m for m, v in zip(med, runs)]]
     fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar(labels, med, yerr=err, capsize=4,
+    ax.bar([f"{l}\n{m:.0f} ms" for l, m in zip(labels, med)], med, yerr=err, capsize=4,
            color=['0.6' if l == 'no DDP' else 'tab:orange' for l in labels])
-    for i, v in enumerate(med): ax.text(i, v / 2, f"{v:.0f}", ha='center', fontsize=8)
     ax.set_ylabel('ms per step (slower rank)')
     ax.set_title(f"{title}\nbars: median of {len(runs[0])} steps; whiskers: fastest and slowest",
                  fontsize=9)
@@ -253,7 +252,8 @@ def draw_flows():
     def box(ax, x, y, text, kind):
         ax.add_patch(FancyBboxPatch((x - W / 2, y - H / 2), W, H, boxstyle='round,pad=0.02',
                                     fc=C[kind], alpha=0.25, ec='0.4'))
-        ax.text(x, y, text, ha='center', va='center', fontsize=7.5)
+        small = max(map(len, text.split('\n'))) > 9
+        ax.text(x, y, text, ha='center', va='center', fontsize=6.8 if small else 7.5)
     for ax, steps in ((axes[0], dp), (axes[1], ddp)):
         for g in range(4): ax.text(-0.62, 3 - g, f"GPU {g}", ha='right', va='center', fontsize=9)
         ax.set_xlim(-1.1, len(steps) - 0.5); ax.set_ylim(-0.5, 3.5); ax.axis('off')
@@ -295,7 +295,7 @@ def plot_lr_runs(lr_res:dict, title:str):
     axes[0].set(title='(a) fixed global batch 64, lr 0.02', xlabel='epoch', ylabel='validation loss')
     axes[1].set(title='(b) 16 a rank: validation loss', xlabel='epoch')
     axes[2].set(title='(b) 16 a rank: validation accuracy', xlabel='epoch')
-    for ax in axes: ax.legend(fontsize=7)
+    for ax in axes: ax.legend(fontsize=7); ax.set_xticks(list(ep))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     plt.show()
