@@ -1,8 +1,9 @@
-"""What DDP(model) does, held with real gloo processes (nbs/course/03_inside_ddp.ipynb): the constructor
-broadcasts rank 0's state; DDP written from scratch (a hook per gradient, and buckets all-reduced
-asynchronously) reaches torch's DDP's parameters and buffers, and follows its rule for when buffers are
-broadcast; torch's bucket sizes, no_sync and gradient views; SyncBatchNorm written out with all_reduce
-equals BatchNorm on the global batch; torch's SyncBatchNorm refuses CPU processes."""
+"""What DDP(model) does, held with real gloo processes (nbs/course/03_inside_ddp.ipynb): the
+constructor broadcasts rank 0's state; DDP written from scratch (a hook per gradient, and buckets
+all-reduced asynchronously) reaches torch's DDP's parameters and buffers, and follows its rule for
+when buffers are broadcast; torch's bucket sizes, no_sync and gradient views; SyncBatchNorm written
+out with all_reduce equals BatchNorm on the global batch; torch's SyncBatchNorm refuses CPU
+processes."""
 import pytest
 from cifar_ddp_tut.lessons.tools import launch
 from cifar_ddp_tut.lessons.machinery import (broadcast_at_construction, buffer_sync_rule,
@@ -61,7 +62,7 @@ def test_without_buffer_broadcast_rank1_buffers_drift(compared):
 
 
 def test_buffers_broadcast_only_after_a_synchronised_training_forward():
-    "Torch's DDP (and ScratchDDP alike) skip the buffer broadcast after a no_grad or no_sync forward."
+    "Torch's DDP and ScratchDDP skip the buffer broadcast after a no_grad or no_sync forward."
     rule = launch(buffer_sync_rule, 2, timeout_s=300)[1]
     print(rule)
     assert rule['ScratchDDP'] == rule['torch DDP']

@@ -292,7 +292,8 @@ def plot_lr_runs(lr_res:dict, title:str):
             for k, ax in (('loss', axes[1]), ('acc', axes[2])):
                 ax.plot(ep, lr_res[n][run][k], st, color='k' if n == 1 else c,
                         label=f"N={n}, global {16 * n}, lr {lr:g}")
-    axes[0].set(title='(a) fixed global batch 64, lr 0.02', xlabel='epoch', ylabel='validation loss')
+    axes[0].set(title='(a) fixed global batch 64, lr 0.02', xlabel='epoch',
+                ylabel='validation loss')
     axes[1].set(title='(b) 16 a rank: validation loss', xlabel='epoch')
     axes[2].set(title='(b) 16 a rank: validation accuracy', xlabel='epoch')
     for ax in axes: ax.legend(fontsize=7); ax.set_xticks(list(ep))
