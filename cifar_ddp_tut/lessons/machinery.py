@@ -19,7 +19,7 @@ from ..model import build_model
 __all__ = ['WRAPPERS', 'resnet18_10', 'fingerprint', 'broadcast_at_construction', 'broadcast_from_rank0', 'ScratchDDP',
            'fixed_batches', 'compare_wrappers', 'buffer_sync_rule', 'BucketDDP', 'bucket_sizes_hook',
            'torch_ddp_features', 'profile_ddp_steps', 'overlap_summary', 'step_times', 'AllReduceSum',
-           'written_out_sync_bn', 'sync_bn_check', 'sync_bn_on_cpu']
+           'written_out_sync_bn', 'sync_bn_check', 'sync_bn_on_cpu', 'sync_bn_demo']
 
 # %% ../../nbs/course/03_inside_ddp.ipynb #476610fc
 def resnet18_10(seed:int) -> nn.Module:
@@ -292,7 +292,7 @@ def overlap_summary(evs:list) -> dict:
                 hidden_ms=_union_ms(ar, bw0, compute_end), exposed_ms=bw1 - compute_end)
 
 # %% ../../nbs/course/03_inside_ddp.ipynb #32cd84ae
-def step_times(env:DistEnv, caps=(1, 5, 25, None), per_rank:int=4, rounds:int=7,
+def step_times(env:DistEnv, caps=(1, 5, 25, None), per_rank:int=4, rounds:int=5,
                warmup:int=2) -> dict:
     "ms per step of each round, without DDP and with each `bucket_cap_mb` (None: not given)."
     x, y = torch.randn(per_rank, 3, 32, 32), torch.randint(0, 10, (per_rank,))
@@ -372,3 +372,7 @@ def sync_bn_on_cpu(env:DistEnv) -> dict:
         try: call(); out[what] = 'ran'
         except Exception as e: out[what] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
     return out
+
+def sync_bn_demo(env:DistEnv) -> dict:
+    "The written-out check, then torch's SyncBatchNorm on these CPU processes (one launch)."
+    return dict(written_out=sync_bn_check(env), torch_on_cpu=sync_bn_on_cpu(env))
