@@ -1,11 +1,14 @@
-"""What DDP(model) does, held with real gloo processes (nbs/course/03_inside_ddp.ipynb): the constructor
-broadcasts rank 0's state; DDP written from scratch (a hook per gradient, and buckets all-reduced
-asynchronously) reaches torch's DDP's parameters and buffers; SyncBatchNorm written out with
-all_reduce equals BatchNorm on the global batch; torch's SyncBatchNorm refuses CPU processes."""
+"""What DDP(model) does, held with real gloo processes (nbs/course/03_inside_ddp.ipynb): the
+constructor broadcasts rank 0's state; DDP written from scratch (a hook per gradient, and buckets
+all-reduced asynchronously) reaches torch's DDP's parameters and buffers, and follows its rule for
+when buffers are broadcast; torch's bucket sizes, no_sync and gradient views; SyncBatchNorm written
+out with all_reduce equals BatchNorm on the global batch; torch's SyncBatchNorm refuses CPU
+processes."""
 import pytest
 from cifar_ddp_tut.lessons.tools import launch
-from cifar_ddp_tut.lessons.machinery import (broadcast_at_construction, compare_wrappers,
-                                             sync_bn_check, sync_bn_on_cpu)
+from cifar_ddp_tut.lessons.machinery import (broadcast_at_construction, buffer_sync_rule,
+                                             compare_wrappers, sync_bn_check, sync_bn_on_cpu,
+                                             torch_ddp_features)
 
 TOL = 1e-5  # float32 rounding; measured 0.0 on 2 ranks (a/2 + b/2 does not depend on order)
 
@@ -56,6 +59,32 @@ def test_without_buffer_broadcast_rank1_buffers_drift(compared):
     assert x0['params_vs_ref'] < TOL and x1['params_vs_ref'] < TOL
     assert x0['buffers_vs_ref'] < TOL          # rank 0's buffers are its own either way
     assert x1['buffers_vs_ref'] > 1e-3
+
+
+def test_buffers_broadcast_only_after_a_synchronised_training_forward():
+    "Torch's DDP and ScratchDDP skip the buffer broadcast after a no_grad or no_sync forward."
+    rule = launch(buffer_sync_rule, 2, timeout_s=300)[1]
+    print(rule)
+    assert rule['ScratchDDP'] == rule['torch DDP']
+    assert rule['forwards'] == ('train', 'no_grad', 'train', 'no_sync', 'train', 'train')
+    assert [v > 0 for v in rule['torch DDP']] == [False, False, True, False, True, False]
+
+
+def test_torch_ddp_buckets_no_sync_and_gradient_views():
+    """One bucket in step 1; then the cap, with a small first bucket only when bucket_cap_mb is not
+    given; no_sync skips the all-reduce; with zero_grad(set_to_none=True) every gradient is copied
+    into its bucket each backward, bucket views or not."""
+    feat = launch(torch_ddp_features, 2, timeout_s=300)
+    b = feat[0]['buckets_mb']
+    print(b, feat[0]['views'])
+    assert [len(steps[0]) for steps in b.values()] == [1, 1, 1]
+    assert len(b[None][1]) == 3 and b[None][1][0] < 10 < b[None][1][1]   # 1 MiB first cap
+    assert len(b[25][1]) == 2 and b[25][1][0] > 25                       # explicit 25: no small one
+    ns = feat[1]['no_sync']
+    assert ns['inside'] == 0 and ns['grads_vs_rank0_inside'] > 0 and ns['grads_vs_rank0_after'] == 0
+    v = feat[0]['views']
+    assert [v[k]['copies'] for k in ((False, True), (True, True), (True, False))] == [62, 62, 0]
+    assert v[True, True]['none_after_zero_grad'] == 62 and v[True, True]['storages'] == 6
 
 
 def test_written_out_sync_bn_equals_global_batch_bn():

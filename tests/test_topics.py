@@ -42,11 +42,14 @@ def test_fixed_global_batch_same_training_for_any_world_size():
 
 def test_compile_ddp_matches_eager_and_splits_at_buckets():
     """torch.compile (aot_eager) + DDP on 2 processes: DDPOptimizer splits the graph per bucket (one
-    graph with optimize_ddp off) and training gives the same parameters as eager DDP."""
-    res = launch(compile_worker, 2, ('eager', 'inner', 'outer, no split'), timeout_s=400)
+    graph with optimize_ddp off, or when the model was first compiled by a call outside DDP) and
+    training gives the same parameters as eager DDP."""
+    variants = ('eager', 'inner', 'outer, no split', 'inner, first call without DDP')
+    res = launch(compile_worker, 2, variants, timeout_s=400)
     for r in res:
         graphs = r['inner']['graphs']
         assert len(graphs) == 4 and sum(graphs) == 5, graphs  # 4 buckets, 5 linear layers
         assert r['outer, no split']['graphs'] == [5]
-        for v in ('inner', 'outer, no split'):
+        assert r['inner, first call without DDP']['graphs'] == [5]
+        for v in variants[1:]:
             assert np.abs(r[v]['params'] - r['eager']['params']).max() < 1e-5, v

@@ -14,11 +14,12 @@ from ..dist import DistEnv, setup, teardown, in_order, free_port
 # %% auto #0
 __all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
            'run_together', 'run', 'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring',
-           'plot_epochs', 'plot_evaluated', 'rank_table', 'timeline_table', 'plot_collective_timeline',
-           'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines',
-           'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
-           'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
-           'memory_arithmetic_table', 'hook_table']
+           'show_comparison', 'spread', 'plot_timeline', 'plot_step_times', 'plot_epochs', 'plot_evaluated',
+           'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table', 'plot_collective_timeline', 'plot_shard_grid',
+           'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines', 'dump_stacks',
+           'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table', 'bucket_check_table',
+           'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table', 'memory_arithmetic_table',
+           'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -253,6 +254,70 @@ def plot_ring(states:list):
     fig.suptitle("Ring all-reduce of 4 tensors (a simulation: the arithmetic, not a measurement)")
     fig.tight_layout(); plt.show()
 
+# %% ../../nbs/program/12_course_tools.ipynb #76852575
+def show_comparison(res:list):
+    "Print `compare_wrappers`' results, by rank (course/03_inside_ddp): differences and counts."
+    print(f"{'':31s} rank | max|param - torch DDP's| | max|buffer - torch DDP's| | "
+          "max|param - rank 0's| | all-reduces + broadcasts, each step")
+    for kind in res[0]:
+        for r, x in enumerate(res):
+            x = x[kind]
+            print(f"{kind:31s} {r:4d} | {x['params_vs_ref']:24.1e} | {x['buffers_vs_ref']:25.1e} "
+                  f"| {x['between_ranks']:20.1e} | {x['collectives_per_step'] or '(not counted)'}")
+    print(f"largest change of a parameter over the steps: {res[0]['torch DDP']['moved']:.3f}")
+
+def spread(values, fmt:str='.0f') -> str:
+    "`median [min to max]` of `values`: how a measurement that varies from run to run is reported."
+    import statistics
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}} to {max(values):{fmt}}]"
+
+# %% ../../nbs/program/12_course_tools.ipynb #2f70e72f
+def plot_timeline(ranks:list, title:str):
+    "Draw one profiled DDP step per rank (`profile_ddp_steps`): phases, backward ops, gloo threads."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.4 * len(ranks)), sharex=True,
+                             squeeze=False)
+    for r, (ax, evs) in enumerate(zip(axes[:, 0], ranks)):
+        threads = sorted({t for k, *_, t, _ in evs if k == 'gloo'}, key=str)
+        for k, name, a, b, t, mb in evs:
+            if k == 'phase':
+                ax.barh(3, b - a, left=a, color='0.85', edgecolor='0.4')
+                ax.text((a + b) / 2, 3, name, ha='center', va='center', fontsize=8)
+            elif k in ('autograd', 'reducer'):
+                conv = 'tab:red' if 'Convolution' in name else 'tab:blue'
+                ax.barh(2, b - a, left=a, color='k' if k == 'reducer' else conv)
+            elif k == 'gloo':
+                y = 1 - threads.index(t) * 0.9
+                ax.barh(y, b - a, left=a, height=0.7, edgecolor='k',
+                        color='tab:orange' if 'all_reduce' in name else 'tab:green')
+                if 'all_reduce' in name: ax.text(a, y + 0.42, f"{mb:.1f} MiB", fontsize=7)
+        ys = [3, 2, *[1 - 0.9 * i for i in range(len(threads))]]
+        ax.set_yticks(ys, ['phase', 'backward ops\n(main thread)',
+                           *[f'gloo thread {i + 1}' for i in range(len(threads))]])
+        ax.set_title(f"rank {r}", fontsize=9, loc='left')
+    axes[-1, 0].set_xlabel("ms since the step began (each rank's own clock)")
+    fig.suptitle(f"{title}\nred: convolution backward, blue: other backward ops, black: DDP "
+                 "copying gradients into buckets, orange: gloo all-reduce of a bucket, green: "
+                 "gloo broadcast of buffers", fontsize=9)
+    fig.tight_layout()
+    plt.show()
+
+def plot_step_times(times:dict, title:str):
+    "Bars: median ms a step of each configuration ({label: [ms, ...]}); whiskers: min to max."
+    import statistics
+    import matplotlib.pyplot as plt
+    labels, runs = list(times), list(times.values())
+    med = [statistics.median(v) for v in runs]
+    err = [[m - min(v) for m, v in zip(med, runs)], [max(v) - m for m, v in zip(med, runs)]]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.bar([f"{l}\n{m:.0f} ms" for l, m in zip(labels, med)], med, yerr=err, capsize=4,
+           color=['0.6' if l == 'no DDP' else 'tab:orange' for l in labels])
+    ax.set_ylabel('ms per step (slower rank)')
+    ax.set_title(f"{title}\nbars: median of {len(runs[0])} steps; whiskers: fastest and slowest",
+                 fontsize=9)
+    fig.tight_layout()
+    plt.show()
+
 # %% ../../nbs/program/12_course_tools.ipynb #8194d9ef
 def plot_epochs(orders:dict, n:int):
     "orders: {title: [[rank 0's indices in each epoch], [rank 1's ...]]}; a panel each, rows epochs."
@@ -288,6 +353,72 @@ def plot_evaluated(shards:list, n:int, title:str):
     ax.set_xticks(range(n)); ax.set_xlabel('test image'); ax.set_ylabel('times evaluated')
     ax.set_yticks([0, 1, 2]); ax.legend(fontsize=8, loc='upper right')
     fig.tight_layout(); plt.show()
+
+# %% ../../nbs/program/12_course_tools.ipynb #ca12a846
+def draw_flows():
+    "Schematic of one training step: nn.DataParallel (one process) and DDP (a process per GPU)."
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+    dp = ['replicate\nmodel', 'scatter\ninputs', 'forward\n(threads)', 'gather\noutputs', 'loss',
+          'backward\n(threads)', 'reduce\ngrads', 'optimizer\nstep']
+    ddp = ['forward', 'loss', 'backward +\nall-reduce', 'optimizer\nstep']
+    out_of_0, into_0 = {dp[0], dp[1]}, {dp[3], dp[6]}   # copies from GPU 0, and to it
+    W, H, C = 0.82, 0.56, dict(copy='tab:orange', ar='tab:green', work='tab:blue')
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.4), gridspec_kw=dict(width_ratios=[8.5, 4.5]))
+    line = dict(color='0.25', lw=0.8)
+    arrow = lambda ax, a, b, c='0.25': ax.annotate('', b, a, arrowprops=dict(arrowstyle='->',
+                                                                            color=c, lw=0.8))
+    def box(ax, x, y, text, kind):
+        ax.add_patch(FancyBboxPatch((x - W / 2, y - H / 2), W, H, boxstyle='round,pad=0.02',
+                                    fc=C[kind], alpha=0.25, ec='0.4'))
+        small = max(map(len, text.split('\n'))) > 9
+        ax.text(x, y, text, ha='center', va='center', fontsize=6.8 if small else 7.5)
+    for ax, steps in ((axes[0], dp), (axes[1], ddp)):
+        for g in range(4): ax.text(-0.62, 3 - g, f"GPU {g}", ha='right', va='center', fontsize=9)
+        ax.set_xlim(-1.1, len(steps) - 0.5); ax.set_ylim(-0.5, 3.5); ax.axis('off')
+    for j, s in enumerate(dp):                      # DataParallel: loss and step on GPU 0 only
+        for g in range(1 if s in ('loss', 'optimizer\nstep') else 4):
+            box(axes[0], j, 3 - g, s, 'copy' if s in out_of_0 | into_0 else 'work')
+        if s in out_of_0 | into_0:                  # a bus in the gap left of the column
+            bx, left = j - W / 2 - 0.09, j - W / 2
+            axes[0].plot([bx, bx], [0, 3], **line)
+            for g in range(4):
+                if (g == 0) == (s in out_of_0): axes[0].plot([left, bx], [3 - g, 3 - g], **line)
+                else: arrow(axes[0], (bx, 3 - g), (left, 3 - g))
+    for j, s in enumerate(ddp):                     # DDP: every step on every GPU
+        for g in range(4): box(axes[1], j, 3 - g, s, 'ar' if 'all-reduce' in s else 'work')
+    bx = 2 + W / 2 + 0.09                           # the all-reduce links every backward
+    axes[1].plot([bx, bx], [0, 3], color=C['ar'], lw=1.5)
+    for g in range(4): axes[1].plot([2 + W / 2, bx], [3 - g, 3 - g], color=C['ar'], lw=1.5)
+    axes[0].set_title('nn.DataParallel: 1 process, 1 interpreter, a thread per GPU', fontsize=10)
+    axes[1].set_title('DDP: 1 process per GPU, the same program on each', fontsize=10)
+    fig.text(0.5, 0.02, 'Schematic of one training step. Orange: copies through GPU 0, every step; '
+             'green: all GPUs all-reduce gradient buckets during backward', ha='center', fontsize=8)
+    plt.show()
+
+def plot_lr_runs(lr_res:dict, title:str):
+    "Validation curves of `lr_worker`'s runs by world size N (course/06_topics, section 2)."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    epochs = len(lr_res[1]['a: global 64']['loss'])
+    ep = range(1, epochs + 1)
+    for n, st in zip(sorted(lr_res), ('-', '--', ':')):
+        axes[0].plot(ep, lr_res[n]['a: global 64']['loss'], st, lw=2,
+                     label=f"N={n}, {64 // n} a rank")
+        for run, c in (('b: same lr', 'tab:red'), ('b: lr x N, warmup', 'tab:green')):
+            if n == 1 and run != 'b: same lr': continue  # at N=1 both are the same run
+            lr = 0.005 if run == 'b: same lr' or n == 1 else 0.005 * n
+            for k, ax in (('loss', axes[1]), ('acc', axes[2])):
+                ax.plot(ep, lr_res[n][run][k], st, color='k' if n == 1 else c,
+                        label=f"N={n}, global {16 * n}, lr {lr:g}")
+    axes[0].set(title='(a) fixed global batch 64, lr 0.02', xlabel='epoch',
+                ylabel='validation loss')
+    axes[1].set(title='(b) 16 a rank: validation loss', xlabel='epoch')
+    axes[2].set(title='(b) 16 a rank: validation accuracy', xlabel='epoch')
+    for ax in axes: ax.legend(fontsize=7); ax.set_xticks(list(ep))
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    plt.show()
 
 # %% ../../nbs/program/12_course_tools.ipynb #a55fc5e4
 def rank_table(res:list, *keys, total:str|None=None, cases=('wrong', 'fixed')):
