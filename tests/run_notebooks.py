@@ -7,7 +7,7 @@ Each notebook runs top to bottom in a fresh Jupyter kernel, in its own folder, e
 switch, no skipped flag), and stops at the first error. Its outputs are saved into the notebook (then
 `nbdev_clean` tidies it), and the time it took replaces the "Run All" figure of its row in the syllabus
 tables of `nbs/index.ipynb` and `README.md`, so the times shown are those of the run whose outputs are
-saved. `--no-save` runs without writing anything (what CI's check needs)."""
+saved. `--no-save` runs them without writing anything."""
 import argparse, json, os, re, time
 from pathlib import Path
 
