@@ -12,31 +12,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..dist import DistEnv
+from .tools import first_line, group_with, show
 
 # %% auto #0
-__all__ = ['VAL_LOSSES', 'first_line', 'group_with', 'show', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps',
-           'demo_unused', 'load_next_batch', 'job_main', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps',
-           'early_stop', 'demo_decide_together', 'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven',
-           'demo_gather_eval', 'NumberStream', 'demo_stream', 'ToyTracker', 'demo_logging']
-
-# %% ../../nbs/course/08_error_atlas.ipynb #62ccb90f
-def first_line(e:BaseException) -> str:
-    "`Type: message`, first line only, without the `[file.cc:123]` prefix gloo puts in front."
-    msg = re.sub(r'^\[[^\]]*\]\s*', '', (str(e).strip().splitlines() or [''])[0])
-    return f"{type(e).__name__}: {msg}"
-
-def group_with(timeout_s:float=3.0,  # collectives on this group fail after this long
-               debug:str='OFF',      # TORCH_DISTRIBUTED_DEBUG for this group: OFF, INFO or DETAIL
-              ):
-    "A new gloo group of all ranks with a short timeout, created at debug level `debug`."
-    os.environ['TORCH_DISTRIBUTED_DEBUG'] = debug
-    dist.set_debug_level_from_env()  # torch read the variable at import: apply the new value
-    return dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
-
-def show(text:str, width:int=100):
-    "Print `text` wrapped to `width` columns, keeping its own line breaks."
-    for line in str(text).splitlines():
-        print(textwrap.fill(line, width, subsequent_indent='    ') if line else '')
+__all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused', 'load_next_batch',
+           'job_main', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps', 'early_stop', 'demo_decide_together',
+           'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven', 'demo_gather_eval', 'NumberStream', 'demo_stream',
+           'ToyTracker', 'demo_logging']
 
 # %% ../../nbs/course/08_error_atlas.ipynb #344a6333
 def mismatched(env:DistEnv, group) -> str:

@@ -19,7 +19,7 @@ def hello(rank:int, world_size:int, port:int):
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)        # in place, on every rank: the sum over all ranks (op=SUM)
     if dist.get_rank() == 0:  # every rank has the sum; one of them prints it
-        print(f"rank 0 of {dist.get_world_size()}: the sum of rank + 1 over all ranks is {t.item():g}")
+        print(f"rank 0 of {dist.get_world_size()}: sum of rank + 1 over the ranks = {t.item():g}")
     dist.destroy_process_group()
 
 # %% ../../nbs/course/02_process_group.ipynb #bc9f1cfa

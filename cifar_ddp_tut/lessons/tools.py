@@ -4,8 +4,8 @@
 
 # %% ../../nbs/program/12_course_tools.ipynb #efbfbfb2
 from __future__ import annotations
-import contextlib, difflib, html, os, pickle, re, shlex, signal, subprocess, sys, tempfile
-import time, traceback
+import contextlib, datetime, difflib, html, os, pickle, re, shlex, signal, subprocess, sys
+import tempfile, textwrap, time, traceback
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -13,13 +13,13 @@ from ..dist import DistEnv, setup, teardown, in_order, free_port
 
 # %% auto #0
 __all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
-           'run_together', 'run', 'results', 'listing_html', 'diff_html', 'plot_collectives', 'plot_ring',
-           'show_comparison', 'spread', 'plot_timeline', 'plot_step_times', 'plot_epochs', 'plot_evaluated',
-           'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table', 'plot_collective_timeline', 'plot_shard_grid',
-           'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines', 'dump_stacks',
-           'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table', 'bucket_check_table',
-           'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table', 'memory_arithmetic_table',
-           'hook_table']
+           'run_together', 'run', 'results', 'listing_html', 'diff_html', 'first_line', 'group_with', 'show',
+           'plot_collectives', 'plot_ring', 'show_comparison', 'spread', 'plot_timeline', 'plot_step_times',
+           'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table',
+           'plot_collective_timeline', 'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths',
+           'no_pids', 'error_lines', 'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table',
+           'check_table', 'fit_table', 'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table',
+           'memory_table', 'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #188bc9de
 def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -211,6 +211,25 @@ def diff_html(old, new, context:int=2) -> str:
             f'{added} lines added, {removed} removed'
             f'<pre style="font-size:12px;line-height:1.3">{body}</pre></div>')
 
+# %% ../../nbs/program/12_course_tools.ipynb #e8390248
+def first_line(e:BaseException) -> str:
+    "`Type: message`, first line only, without the `[file.cc:123]` prefix gloo puts in front."
+    msg = re.sub(r'^\[[^\]]*\]\s*', '', (str(e).strip().splitlines() or [''])[0])
+    return f"{type(e).__name__}: {msg}"
+
+def group_with(timeout_s:float=3.0,  # collectives on this group fail after this long
+               debug:str='OFF',      # TORCH_DISTRIBUTED_DEBUG for this group: OFF, INFO or DETAIL
+              ):
+    "A new gloo group of all ranks with a short timeout, created at debug level `debug`."
+    os.environ['TORCH_DISTRIBUTED_DEBUG'] = debug
+    dist.set_debug_level_from_env()  # torch read the variable at import: apply the new value
+    return dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
+
+def show(text:str, width:int=100):
+    "Print `text` wrapped to `width` columns, keeping its own line breaks."
+    for line in str(text).splitlines():
+        print(textwrap.fill(line, width, subsequent_indent='    ') if line else '')
+
 # %% ../../nbs/program/12_course_tools.ipynb #74ed2cf2
 def plot_collectives(res:list, hardware:str):
     "One panel per collective: each rank's tensor (rows) after it, values written in the cells."
@@ -320,7 +339,7 @@ def plot_step_times(times:dict, title:str):
 
 # %% ../../nbs/program/12_course_tools.ipynb #8194d9ef
 def plot_epochs(orders:dict, n:int):
-    "orders: {title: [[rank 0's indices in each epoch], [rank 1's ...]]}; a panel each, rows epochs."
+    "orders: {title: [[rank 0's indices in each epoch], [rank 1's]]}; a panel each, rows epochs."
     import matplotlib.pyplot as plt, numpy as np
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch

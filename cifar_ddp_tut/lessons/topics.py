@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from ..dist import DistEnv
-from .atlas import first_line, group_with
+from .tools import first_line, group_with
 
 # %% auto #0
 __all__ = ['COMPILE_VARIANTS', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy', 'unused_worker',
@@ -34,17 +34,17 @@ def _timed(model, opt, x, y, steps:int) -> float:
 
 def dp_step_s(per_gpu:int=128, steps:int=20) -> float:
     "nn.DataParallel over every visible GPU, in this process: median seconds a step."
-    from cifar_ddp_tut.lessons.scaling import small_model
+    from cifar_ddp_tut.lessons.machinery import resnet18_10
     n = torch.cuda.device_count()
-    model = nn.DataParallel(small_model().cuda())
+    model = nn.DataParallel(resnet18_10(0).cuda())
     x = torch.randn(per_gpu * n, 3, 32, 32, device='cuda')
     y = torch.randint(0, 10, (per_gpu * n,), device='cuda')
     return _timed(model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, steps)
 
 def ddp_time_worker(env:DistEnv, per_gpu:int=128, steps:int=20) -> float:
     "DDP, one process per GPU (NCCL): median seconds a step, the slowest rank's."
-    from cifar_ddp_tut.lessons.scaling import small_model
-    model = DDP(small_model().to(env.device), device_ids=[env.device.index])
+    from cifar_ddp_tut.lessons.machinery import resnet18_10
+    model = DDP(resnet18_10(0).to(env.device), device_ids=[env.device.index])
     x = torch.randn(per_gpu, 3, 32, 32, device=env.device)
     y = torch.randint(0, 10, (per_gpu,), device=env.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
