@@ -17,14 +17,15 @@ def bench(*args, timeout=600):
 
 @pytest.mark.slow
 def test_bench_cpu_both_recipes(tmp_path):
-    "Both recipes on 1 and 2 gloo processes with a tiny model: a table on stdout and every figure in the JSON."
+    """The command line: both recipes on 2 gloo processes with a tiny model, a table on stdout and every
+    figure in the JSON (nbs/program/09_benchmark.ipynb runs them on 1 and 2 processes and checks the same figures)."""
     out = tmp_path/'bench.json'
-    p, secs = bench('--size', 'small', '--nprocs', '1,2', '--warmup', 1, '--steps', 3, '--eval_batches', 1,
+    p, secs = bench('--size', 'small', '--nprocs', '2', '--warmup', 1, '--steps', 3, '--eval_batches', 1,
                     '--image_size', 32, '--resize_size', 36, '--batch_size', 16, '--out', out)
     assert p.returncode == 0, p.stderr[-4000:]
     rep = json.loads(out.read_text())
     rows = rep['results']
-    assert sorted((r['recipe'], r['nprocs']) for r in rows) == [('fast', 1), ('fast', 2), ('original', 1), ('original', 2)]
+    assert sorted((r['recipe'], r['nprocs']) for r in rows) == [('fast', 2), ('original', 2)]
     for r in rows:
         assert FIELDS <= set(r), FIELDS - set(r)
         assert r['images_per_s'] > 0 and r['ms_per_step'] > 0 and r['eval_images_per_s'] > 0 and r['peak_mem_gb'] > 0

@@ -1,10 +1,11 @@
 """Checks of the scaling lesson (nbs/course/09_scaling.ipynb): the cost model against the
-published cases as the notebook states, DDP's buckets as the model computes them, and, with real
-gloo processes, ZeRO and FSDP2 training to DDP's parameters and comm hooks sending their bytes."""
+published cases as the notebook states, DDP's buckets as the model computes them, and comm hooks
+sending their bytes on real gloo processes (ZeRO and FSDP2 training to DDP's parameters is run and
+checked once, in the notebook)."""
 import math
 from functools import partial
 from cifar_ddp_tut.lessons.scaling import (
-    KINDS, HOOKS, RESNET50_A100, compare_worker, hook_worker, record_buckets, ddp_buckets,
+    HOOKS, RESNET50_A100, hook_worker, record_buckets, ddp_buckets,
     nccl_allreduce_s, line_allreduce_s, step_time, fit_overheads, check_published, bucket_check,
     scaling_rows, memory_per_rank, powersgd_bytes, grad_bytes, small_model)
 from cifar_ddp_tut.data import write_synthetic_cifar10
@@ -65,22 +66,6 @@ def test_cost_model_is_sane():
     assert memory_per_rank(1e9, 8, 'ddp')['total'] == 16e9
     assert memory_per_rank(10e9, 8, 'fsdp')['total'] == 20e9
     assert memory_per_rank(10e9, 8, 'zero')['total'] == 80e9 + 80e9 / 8
-
-
-def test_zero_and_fsdp2_train_to_ddps_parameters():
-    res = launch(compare_worker, 2, KINDS, 3, 8, timeout_s=300)
-    for rank, r in enumerate(res):
-        for kind in ('zero', 'fsdp'):
-            assert r[kind]['max_diff'] <= 1e-6, (rank, kind, r[kind]['max_diff'])
-        ddp = r['ddp']
-        assert ddp['params'] == ddp['grads'] == ddp['optimizer'] == grad_bytes(small_model())
-        assert r['zero']['params'] == ddp['params']
-        assert r['zero']['optimizer'] < 0.6 * ddp['optimizer']
-        for k in ('params', 'grads', 'optimizer'):
-            # halves, up to padding
-            assert abs(r['fsdp'][k] - ddp[k] / 2) <= 64, (k, r['fsdp'][k], ddp[k])
-    # ZeRO's two shards of optimizer state add up to the whole
-    assert res[0]['zero']['optimizer'] + res[1]['zero']['optimizer'] == res[0]['ddp']['optimizer']
 
 
 def test_comm_hooks_send_the_bytes_they_should(tmp_path):
