@@ -1,5 +1,5 @@
-"""Distributed semantics held with real gloo processes: exact evaluation by the program for any world size, sampler
-facts, checkpoints across wrappers. DDP == one big batch on 2 and 3 processes, BatchNorm's difference and no_sync
+"""Distributed semantics: sampler facts, checkpoints across wrappers (exact evaluation for any world size:
+test_correctness.py). DDP == one big batch on 2 and 3 processes, BatchNorm's difference and no_sync
 accumulation are run and checked once, in nbs/course/05_guarantees.ipynb. The sampler facts on real processes and
 DDP's `module.` keys are proved in test_pitfalls.py (test_set_epoch, test_module_prefix)."""
 import json
@@ -9,26 +9,6 @@ from _util import QUICKSTART, torchrun
 from cifar_ddp_tut.lessons.semantics import tiny_config
 from cifar_ddp_tut.checkpoint import save_atomic, load_checkpoint, load_model_state
 from cifar_ddp_tut.model import build_model
-
-@pytest.mark.slow
-def test_eval_only_exact_for_any_world_size(tmp_path, small_run):
-    "The same checkpoint (conftest's small run) evaluated by 1, 2 and 3 processes: same count, same correct, same loss."
-    train_dir = small_run.save_dir
-    common = ['--cfg', QUICKSTART, '--data_dir', small_run.data_dir, '--synthetic_train_size', '640',
-              '--synthetic_test_size', '101']
-    results = {}
-    for n in (1, 2, 3):
-        out = tmp_path/f'eval{n}'
-        p, _ = torchrun(n, *common, '--eval_only', 'true', '--checkpoint', train_dir/'best.pt', '--save_dir', out, '--batch_size', 6)
-        assert p.returncode == 0, p.stderr[-3000:]
-        results[n] = json.loads((out/'eval.json').read_text())
-        assert results[n]['world_size'] == n
-    print({n: (r['count'], r['correct'], r['loss']) for n, r in results.items()})
-    for n in (2, 3):
-        assert results[n]['count'] == results[1]['count'] == 101
-        assert results[n]['correct'] == results[1]['correct']
-        assert abs(results[n]['loss'] - results[1]['loss']) < 1e-5
-
 
 def test_sampler_shards_disjoint_cover_and_reshuffle():
     "In one process, rank as an argument: every world size and epoch splits 48 items into disjoint covering shards."
