@@ -71,16 +71,23 @@ def _stopped_at(line, sig, epoch):
     return int(m[1]), int(m[2])
 
 
-def test_sigterm_mid_epoch_stops_every_rank_and_resumes_bitwise(tmp_path, reference):
-    "SIGTERM to torchrun (what SLURM sends) in the first epoch: one line, a mid-epoch snapshot, all gone within 30 s."
-    run, args = tmp_path/'run', _args(tmp_path/'run', reference['data'])
-    p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
+def _sigterm_in_first_epoch(args, log_dir, reference, what=''):
+    """Start the run, SIGTERM torchrun about a third into epoch 1, and check that every process is gone within 30 s
+    with one line: (torchrun's Popen, the program's stderr lines)."""
+    p = start_torchrun(2, *args, log_dir=log_dir)
     wait_for(lambda: 'epoch 1/2' in p.err_path.read_text() or p.poll() is not None, 300, 'training to start')
     time.sleep(0.3 * reference['train_secs'])
     assert p.poll() is None, p.err_path.read_text()[-3000:]
     secs, lines = _stop(p, signal.SIGTERM, p.pid)
-    print(f"SIGTERM: every process gone after {secs:.1f} s: {lines}")
+    print(f"SIGTERM{what}: every process gone after {secs:.1f} s: {lines}")
     assert secs < 30 and len(lines) == 1, p.err_path.read_text()[-3000:]
+    return p, lines
+
+
+def test_sigterm_mid_epoch_stops_every_rank_and_resumes_bitwise(tmp_path, reference):
+    "SIGTERM to torchrun (what SLURM sends) in the first epoch: one line, a mid-epoch snapshot, all gone within 30 s."
+    run, args = tmp_path/'run', _args(tmp_path/'run', reference['data'])
+    _, lines = _sigterm_in_first_epoch(args, tmp_path/'logs', reference)
     step, done = _stopped_at(lines[0], 'SIGTERM', 1)
     ck = torch.load(run/'snapshot.pt', map_location='cpu', weights_only=True)
     assert (ck['epochs_run'], ck['batches_done'], ck['step']) == (0, done, step) and 0 < done < STEPS, ck['batches_done']
@@ -96,13 +103,8 @@ def test_sigterm_with_dataloader_workers(tmp_path, reference):
     """torchrun sends SIGTERM to each worker's whole process group, DataLoader workers included: they ignore it (else
     each rank would die with 'DataLoader worker ... is killed by signal: Terminated' and save nothing)."""
     run = tmp_path/'run'
-    p = start_torchrun(2, *_args(run, reference['data'], '--num_workers', '1'), log_dir=tmp_path/'logs')
-    wait_for(lambda: 'epoch 1/2' in p.err_path.read_text() or p.poll() is not None, 300, 'training to start')
-    time.sleep(0.3 * reference['train_secs'])
-    assert p.poll() is None, p.err_path.read_text()[-3000:]
-    secs, lines = _stop(p, signal.SIGTERM, p.pid)
-    print(f"SIGTERM with a DataLoader worker per rank: every process gone after {secs:.1f} s: {lines}")
-    assert secs < 30 and len(lines) == 1, p.err_path.read_text()[-3000:]
+    p, lines = _sigterm_in_first_epoch(_args(run, reference['data'], '--num_workers', '1'), tmp_path/'logs', reference,
+                                       ' with a DataLoader worker per rank')
     _, done = _stopped_at(lines[0], 'SIGTERM', 1)
     assert snapshot_value(run, 'batches_done') == done and 'killed by signal' not in p.err_path.read_text()
 
