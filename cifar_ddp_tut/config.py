@@ -73,10 +73,20 @@ class Config:
     device_data: bool = _f(False,
         "hold uint8 CIFAR arrays on the device and augment whole batches there")
     compile: bool = _f(False, "torch.compile the model")
+    compile_scope: str = _f("ddp",
+        "what compile wraps: ddp (torch.compile(DDP(model)), DDP's notes) or module "
+        "(model.compile() inside DDP, torch.compile's docs)", choices=["ddp", "module"])
+    compile_mode: str = _f("default",
+        "torch.compile mode; reduce-overhead adds CUDA graphs (CUDA only)",
+        choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+    compile_cache_dir: str = _f("",
+        "where compiled kernels are kept for later runs (empty: torch's, /tmp/torchinductor_USER)")
     fused_optimizer: bool = _f(False, "fused SGD kernel (CUDA only)")
     ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MB", min=1)
     ddp_static_graph: bool = _f(False,
         "tell DDP the graph never changes (enables extra optimisations)")
+    eval_batch_size: int = _f(0,
+        "GLOBAL evaluation batch (0: batch_size); no activations kept, so it can be larger", min=0)
     cudnn_benchmark: bool = _f(True,
         "let cuDNN time its convolution algorithms once for the fixed shapes (CUDA only)")
     # --- running

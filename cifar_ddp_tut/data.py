@@ -19,7 +19,7 @@ from .dist import DistEnv, in_order
 # %% auto #0
 __all__ = ['CLASSES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'DataError', 'synthetic_images', 'write_synthetic_cifar10',
            'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'augment_args',
-           'build_eval_loader', 'build_loaders', 'augment_batch', 'DeviceLoader']
+           'eval_batch_per_rank', 'build_eval_loader', 'build_loaders', 'augment_batch', 'DeviceLoader']
 
 # %% ../nbs/program/03_data.ipynb #c89bc2ba
 class DataError(RuntimeError):
@@ -168,8 +168,13 @@ def augment_args(cfg:Config) -> dict:
     return dict(image_size=cfg.image_size, resize_size=cfg.resize_size, hflip=cfg.hflip,
                 channels_last=cfg.channels_last)
 
-def build_eval_loader(cfg:Config, env:DistEnv, test_ds, bs:int):
+def eval_batch_per_rank(cfg:Config, world_size:int) -> int:
+    "Images a rank evaluates at once: `eval_batch_size` (0: the training micro-batch) / world size."
+    return max(1, (cfg.eval_batch_size or cfg.batch_size // cfg.accumulate_steps) // world_size)
+
+def build_eval_loader(cfg:Config, env:DistEnv, test_ds, bs:int|None=None):
     "This rank's exact evaluation loader (ShardSampler: every image once), `bs` images a batch."
+    bs = bs or eval_batch_per_rank(cfg, env.world_size)
     sampler = ShardSampler(len(test_ds), env.world_size, env.rank)
     if cfg.device_data: return DeviceLoader(test_ds, sampler, bs, env.device, False,
                                             **augment_args(cfg))
@@ -190,7 +195,7 @@ def build_loaders(cfg:Config, env:DistEnv, train_ds, test_ds):
              if cfg.device_data else
              DataLoader(train_ds, batch_size=bs, sampler=train_sampler, drop_last=True,
                         **_loader_kw(cfg, env)))
-    return train, build_eval_loader(cfg, env, test_ds, bs)
+    return train, build_eval_loader(cfg, env, test_ds)
 
 # %% ../nbs/program/03_data.ipynb #f6b4687b
 def _as_uint8_nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ class SumMetric:
 AMP_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 # %% ../nbs/program/05_metrics.ipynb #8a26d234
-@torch.no_grad()
+@torch.inference_mode()  # no_grad, and no version counters or view tracking either
 def evaluate(model:torch.nn.Module, loader, device, amp:str='none',
              channels_last:bool=False) -> dict:
     "Exact loss and accuracy of `model` (not DDP-wrapped) over all ranks' shards of `loader`."

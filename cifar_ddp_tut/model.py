@@ -4,7 +4,7 @@
 
 # %% ../nbs/program/04_model.ipynb #a043840e
 from __future__ import annotations
-import contextlib
+import contextlib, os
 from pathlib import Path
 import torch
 from torch import nn
@@ -14,7 +14,8 @@ from .config import Config, ConfigError
 from .dist import DistEnv
 
 # %% auto #0
-__all__ = ['ModelError', 'build_model', 'prepare_model', 'no_sync', 'min_batchnorm_values', 'build_optimizer', 'build_scheduler']
+__all__ = ['ModelError', 'build_model', 'prepare_model', 'compile_options', 'no_sync', 'min_batchnorm_values', 'build_optimizer',
+           'build_scheduler']
 
 # %% ../nbs/program/04_model.ipynb #1fc903bc
 class ModelError(RuntimeError):
@@ -70,13 +71,25 @@ def prepare_model(model:nn.Module, cfg:Config, env:DistEnv) -> tuple[nn.Module, 
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(env.device)
     if cfg.channels_last: model = model.to(memory_format=torch.channels_last)
+    mode = compile_options(cfg, env) if cfg.compile else None
+    if cfg.compile and cfg.compile_scope == 'module': model.compile(**mode)  # in place, inside DDP
     bare, train_model = model, model
     if env.is_distributed:
         ids = [env.device.index] if env.device.type == 'cuda' else None
         train_model = DDP(model, device_ids=ids, gradient_as_bucket_view=True,
                           bucket_cap_mb=cfg.ddp_bucket_mb, static_graph=cfg.ddp_static_graph)
-    if cfg.compile: train_model = torch.compile(train_model)
+    if cfg.compile and cfg.compile_scope == 'ddp': train_model = torch.compile(train_model, **mode)
     return train_model, bare
+
+def compile_options(cfg:Config, env:DistEnv) -> dict:
+    "`torch.compile`'s keyword arguments for `cfg`; sets the kernel cache folder if one is given."
+    if cfg.compile_mode == 'reduce-overhead' and env.device.type != 'cuda':
+        raise ConfigError("compile_mode=reduce-overhead records CUDA graphs, which need a CUDA "
+                          "GPU; use compile_mode: default on CPU")
+    if cfg.compile_cache_dir:  # torch reads it each time it opens its cache
+        folder = Path(cfg.compile_cache_dir).expanduser().resolve()
+        os.environ['TORCHINDUCTOR_CACHE_DIR'] = str(folder)
+    return {} if cfg.compile_mode == 'default' else dict(mode=cfg.compile_mode)
 
 def no_sync(model:nn.Module, skip:bool):
     "DDP's `no_sync()` (no gradient all-reduce in this backward) when `skip` and the model is DDP."

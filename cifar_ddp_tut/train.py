@@ -126,6 +126,8 @@ def train_mode(self:Trainer):
 def train_step(self:Trainer, x, y, sync:bool):
     "Forward and backward of one micro-batch: (loss sum, logits); gradients all-reduced if `sync`."
     amp = self.cfg.amp
+    if self.cfg.compile and self.cfg.compile_mode == 'reduce-overhead':  # CUDA graphs: a new step
+        torch.compiler.cudagraph_mark_step_begin()  # may reuse the last one's output memory
     with no_sync(self.model, skip=not sync):
         with torch.autocast(self.env.device.type, dtype=AMP_DTYPES.get(amp), enabled=amp != 'none'):
             logits = self.model(x)
@@ -457,8 +459,7 @@ def run_eval(cfg:Config, env:DistEnv) -> dict:
     fmt = torch.channels_last if cfg.channels_last else torch.preserve_format
     model = model.to(env.device, memory_format=fmt)
     _, test_ds = get_datasets(cfg, env, None, None if cfg.device_data else test_transform(cfg))
-    per_rank = max(1, cfg.batch_size // env.world_size)  # need not divide evenly
-    loader = build_eval_loader(cfg, env, test_ds, per_rank)
+    loader = build_eval_loader(cfg, env, test_ds)  # any world size: the batch need not divide
     res = evaluate(model, loader, env.device, cfg.amp, cfg.channels_last)
     res.update(checkpoint=str(cfg.checkpoint), world_size=env.world_size)
     if env.is_main:

@@ -68,6 +68,7 @@ def _setup(case, tmp):
         torch.save({'model': {}, 'payload': Evil(tmp/'pwned')}, s/'snapshot.pt')
         return ['--cfg', QUICKSTART], env
     if case == 'sync_bn_on_cpu': return ['--cfg', QUICKSTART, '--sync_bn', 'true'], env
+    if case == 'cuda_graphs_on_cpu': return ['--cfg', QUICKSTART, '--compile', 'true', '--compile_mode', 'reduce-overhead'], env
     if case == 'save_dir_is_a_file':
         (tmp/'afile').write_text('keep me\n')
         return ['--cfg', QUICKSTART, '--save_dir', tmp/'afile', '--data_dir', tmp/'data'], env
@@ -115,6 +116,7 @@ CASES = {  # case: text the one error line must contain
     'other_architecture': "does not fit this model (it was saved from model='resnet34'",
     'malicious_snapshot': "was refused: it holds objects other than tensors",
     'sync_bn_on_cpu': "sync_bn=true needs CUDA GPUs",
+    'cuda_graphs_on_cpu': "compile_mode=reduce-overhead records CUDA graphs, which need a CUDA GPU",
     'save_dir_is_a_file': "is a file, not a folder; point save_dir at a folder",
     'save_dir_unwritable': "save_dir='/proc/cifar_ddp_no_such/run' is not writable",
     'eval_json_is_a_folder': "holds a folder named eval.json, where the run writes a file",
@@ -129,7 +131,7 @@ CASES = {  # case: text the one error line must contain
 
 
 # Where each case fails, found by reading `train.main` and by running every case in one process with
-# `setup` (which starts the process group) replaced by a failure: these 20 fail before it; the other 12
+# `setup` (which starts the process group) replaced by a failure: these 20 fail before it; the other 13
 # (world size, model, data, checkpoints, devices) after it.
 BEFORE_SETUP = ['missing_file', 'config_is_a_folder', 'binary_config', 'broken_yaml', 'unknown_key_in_file',
                 'unknown_option', 'wrong_type', 'zero_lr', 'negative_epochs', 'bad_choice',
@@ -162,7 +164,7 @@ def _check_untouched(case, tmp_path, before, stdout, stderr):
 
 def test_every_case_has_its_place():
     assert set(BEFORE_SETUP) <= set(CASES) and ALSO_UNDER_TORCHRUN in BEFORE_SETUP
-    assert (len(BEFORE_SETUP), len(NEED_RANKS), len(CASES)) == (20, 12, 32)
+    assert (len(BEFORE_SETUP), len(NEED_RANKS), len(CASES)) == (20, 13, 33)
 
 
 @pytest.mark.parametrize('case', BEFORE_SETUP)
