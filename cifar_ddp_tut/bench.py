@@ -4,19 +4,53 @@
 
 # %% ../nbs/program/09_benchmark.ipynb #5067fe6a
 from __future__ import annotations
-import json, sys, tempfile, time, warnings
+import dataclasses, json, re, sys, tempfile, time, warnings
 from pathlib import Path
 import torch, yaml
 from .config import (Config, ConfigError, load_config, per_rank_batch_size,
                                   cli_parser, cli_overrides, write_atomic)
 from .dist import (clock, all_reduce_max, in_notebook, hardware, launch_workers,
                                 LaunchError)
+from .model import build_model
 from .train import build_trainer, peak_memory_gb
 from .report import project, bench_table  # below, in "The report"
 
 # %% auto #0
-__all__ = ['RECIPES', 'ABLATION', 'SIZES', 'STEPS', 'MIN_STEPS_PER_QUEUED', 'SYNC_WARNING', 'parse_recipe', 'loader_queue',
-           'timed_steps', 'bench_config', 'host_sync_sites', 'measure', 'run_bench', 'main']
+__all__ = ['PEAK_TFLOPS', 'RECIPES', 'ABLATION', 'LEVERS', 'SIZES', 'STEPS', 'HEADLINE', 'PER_PROCESS_BATCH',
+           'MIN_STEPS_PER_QUEUED', 'SYNC_WARNING', 'train_flops_per_image', 'peak_dtype', 'peak_tflops', 'parse_recipe',
+           'loader_queue', 'timed_steps', 'bench_config', 'host_sync_sites', 'measure', 'median_launch', 'run_bench',
+           'main']
+
+# %% ../nbs/program/09_benchmark.ipynb #f10b5c01
+def train_flops_per_image(cfg:Config) -> tuple[float, float]:
+    "(training step, forward) FLOPs of one `cfg.image_size` px image through `cfg.model`."
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = dataclasses.replace(cfg, pretrained=False)  # shapes only: no weights to load
+    with torch.device('meta'):  # nothing is allocated or computed; 2 images: BatchNorm needs 2
+        net, x = build_model(cfg), torch.randn(2, 3, cfg.image_size, cfg.image_size)
+    with FlopCounterMode(display=False) as fwd: net(x)
+    with FlopCounterMode(display=False) as step: net(x).sum().backward()
+    return step.get_total_flops() / 2, fwd.get_total_flops() / 2
+
+# %% ../nbs/program/09_benchmark.ipynb #f10b5c03
+PEAK_TFLOPS = {  # torch.cuda.get_device_name pattern: dense peak TFLOP/s of one GPU, by dtype
+    r'\bH200 NVL\b': dict(bf16=835, fp16=835, tf32=418, fp32=60),
+    r'\bH200\b': dict(bf16=989, fp16=989, tf32=495, fp32=67),  # SXM
+    r'\bH100 NVL\b': dict(bf16=835, fp16=835, tf32=418, fp32=60),
+    r'\bH100 PCIe\b': dict(bf16=756, fp16=756, tf32=378, fp32=51),
+    r'\bH100\b': dict(bf16=989, fp16=989, tf32=495, fp32=67),  # SXM: "H100 80GB HBM3"
+    r'\bA100\b': dict(bf16=312, fp16=312, tf32=156, fp32=19.5)}
+
+def peak_dtype(cfg:Config) -> str:
+    "The dtype the convolutions multiply in: amp's, else tf32 (cuDNN's default for fp32) or fp32."
+    if cfg.amp != 'none': return cfg.amp
+    return 'tf32' if torch.backends.cudnn.allow_tf32 else 'fp32'
+
+def peak_tflops(device_name:str|None, dtype:str) -> float|None:
+    "The dense `dtype` peak of one `device_name` GPU from PEAK_TFLOPS; None if it is not there."
+    for pattern, peaks in PEAK_TFLOPS.items():
+        if device_name and re.search(pattern, device_name): return peaks[dtype]
+    return None
 
 # %% ../nbs/program/09_benchmark.ipynb #c7c6ff36
 RECIPES = {  # PIL transforms in DataLoader workers, fp32, NCHW, foreach SGD
@@ -28,6 +62,9 @@ RECIPES = {  # PIL transforms in DataLoader workers, fp32, NCHW, foreach SGD
 RECIPES['fast_compile'] = {**RECIPES['fast'], 'compile': True}
 ABLATION = ['original', 'original+device_data=true', 'original+device_data=true+amp=bf16',
             'original+device_data=true+amp=bf16+channels_last=true', 'fast', 'fast_compile']
+LEVERS = ['fast_compile', 'fast_compile+compile_mode=reduce-overhead',  # each against `fast`
+          'fast_compile+compile_scope=module', 'fast+amp=fp16', 'fast+eval_batch_size=1024',
+          'fast+cudnn_benchmark=false']
 
 # %% ../nbs/program/09_benchmark.ipynb #e2b5ea96
 def parse_recipe(spec:str) -> tuple[str|None, dict]:
@@ -47,8 +84,10 @@ def parse_recipe(spec:str) -> tuple[str|None, dict]:
 SIZES = {'full': {},  # the config as it is: by default ResNet-50 at 224 px, global batch 128
          'small': dict(model='resnet18', image_size=64, resize_size=72, batch_size=32,
                        num_workers=1)}
-STEPS = {'full': dict(warmup=10, steps=50, eval_batches=10),
-         'small': dict(warmup=2, steps=8, eval_batches=2)}
+STEPS = {'full': dict(warmup=10, steps=200, eval_batches=10, repeats=3),
+         'small': dict(warmup=2, steps=8, eval_batches=2, repeats=1)}
+HEADLINE = ('original', 'fast')  # launched `repeats` times each; other recipes once
+PER_PROCESS_BATCH = {'full': (128, 32), 'small': (None,)}  # None: the config's batch_size
 MIN_STEPS_PER_QUEUED = 20  # timed steps per batch a loader queues: prefetching hides at most ~5%
 
 def loader_queue(cfg:Config) -> int:
@@ -109,7 +148,8 @@ def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
     t2 = clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)
     trainer.save_best(0, val['acc'])  # the two files fit writes after an improving epoch
     t3, secs, warm = clock(env), marks[end] - marks[warmup], marks[warmup] - start
-    syncs = host_sync_sites(caught)
+    syncs, dtype = host_sync_sites(caught), peak_dtype(cfg)
+    name = torch.cuda.get_device_name(dev) if dev.type == 'cuda' else None
     peak = torch.tensor([peak_memory_gb(dev)], dtype=torch.float64, device=dev)
     return dict(images_per_s=steps * cfg.batch_size / secs, ms_per_step=1000 * secs / steps,
         eval_images_per_s=val['count'] / (t2 - t1), peak_mem_gb=all_reduce_max(peak).item(),
@@ -119,46 +159,74 @@ def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
         per_rank_batch=per_rank_batch_size(cfg, env.world_size), global_batch=cfg.batch_size,
         world_size=env.world_size, device=dev.type, threads_per_process=torch.get_num_threads(),
         built_at=built_at, host_syncs_per_step=len(syncs) / check if check else None,
-        host_sync_sites=sorted(set(syncs)) if check else None)
+        host_sync_sites=sorted(set(syncs)) if check else None, device_name=name,
+        peak_dtype=dtype, peak_tflops=peak_tflops(name, dtype))
 
 # %% ../nbs/program/09_benchmark.ipynb #812d0ddc
+def median_launch(launches:list) -> dict:
+    "The launch with the median images/s (the upper one of an even count), with all and the spread."
+    speeds = [r['images_per_s'] for r in launches]
+    mid = sorted(launches, key=lambda r: r['images_per_s'])[len(launches) // 2]
+    return {**mid, 'launches': len(launches), 'images_per_s_runs': speeds,
+            'spread_pct': 100 * (max(speeds) - min(speeds)) / mid['images_per_s']}
+
 def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup:int|None=None,
               steps:int|None=None, eval_batches:int|None=None, cfg:str|None=None,
-              overrides:dict|None=None, out=None, timeout_s:float=900, verbose:bool=True) -> dict:
-    "Each recipe on each process count: the report (failed launches in `failures`), JSON in `out`."
-    hw = hardware()  # the label every figure carries
+              overrides:dict|None=None, out=None, timeout_s:float=900, verbose:bool=True,
+              repeats:int|None=None, per_process_batch=None) -> dict:
+    "Each recipe on each process count and batch: the report (failed launches in `failures`)."
+    hw, overrides = hardware(), dict(overrides or {})  # hardware: the label every figure carries
     size = {'auto': 'full' if hw['gpus'] else 'small'}.get(size, size)
     if size not in SIZES: raise ConfigError(f"size={size!r} is not one of {['auto', *SIZES]}")
-    given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches)
-    warmup, steps, eval_batches = (STEPS[size][k] if v is None else v for k, v in given.items())
-    try: nprocs = [int(n) for n in nprocs]
-    except ValueError: raise ConfigError(f"nprocs={nprocs!r}: give integers, e.g. 1,2") from None
-    if min(warmup, steps, eval_batches, *nprocs) < 1: raise ConfigError(
-        f"warmup={warmup}, steps={steps}, eval_batches={eval_batches}, nprocs={nprocs}: each "
-        "must be at least 1")
-    rows, failures = [], []
-    with tempfile.TemporaryDirectory(prefix='cifar_ddp_bench_') as tmp:
-        cfgs = {(r, n): bench_config(r, size, n, warmup, steps, eval_batches, cfg, overrides,
-                                     Path(tmp)/'data', Path(tmp)/f'runs-{n}-{i}')
-                for n in nprocs for i, r in enumerate(recipes)}  # mistakes stop it before a launch
-        for (r, n), c in cfgs.items():
-            t0, what = time.time(), f"{r!r} on {n} process(es)"
-            try: row = launch_workers(measure, n, c, warmup, steps, backend=c.backend,
-                                      group_timeout_s=c.timeout_s, timeout_s=timeout_s)[0]
-            except LaunchError as e:  # keep going: the other recipes' figures are worth having
-                failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
-                if verbose: print(f"{what}: failed", flush=True)
-                continue
-            row.update(recipe=r, nprocs=n, model=c.model, image_size=c.image_size,
-                       recipe_values=parse_recipe(r)[1], launch_s=round(time.time() - t0, 1),
-                       startup_s=row.pop('built_at') - t0)  # interpreter, imports, data, model
-            rows.append(row)
-            if verbose: print(f"{what}: {row['images_per_s']:.1f} images/s over {row['steps']} "
-                              f"steps ({row['launch_s']:.0f} s)", flush=True)
+    given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches, repeats=repeats)
+    warmup, steps, eval_batches, repeats = (STEPS[size][k] if v is None else v
+                                            for k, v in given.items())
+    if per_process_batch is None:  # an explicit --batch_size is the batch to time
+        per_process_batch = (None,) if 'batch_size' in overrides else PER_PROCESS_BATCH[size]
+    try: nprocs, batches = [int(n) for n in nprocs], [b and int(b) for b in per_process_batch]
+    except ValueError: raise ConfigError(
+        f"nprocs={nprocs!r}, per_process_batch={per_process_batch!r}: give integers, e.g. 1,2"
+        ) from None
+    if min(warmup, steps, eval_batches, repeats, *nprocs, *(b for b in batches if b)) < 1:
+        raise ConfigError(f"warmup={warmup}, steps={steps}, eval_batches={eval_batches}, "
+                          f"repeats={repeats}, nprocs={nprocs}, per_process_batch={batches}: "
+                          "each must be at least 1")
+    rows, failures, flops = [], [], {}
     report = dict(hardware=hw, size=size, warmup=warmup, steps=steps, eval_batches=eval_batches,
-                  min_steps_per_queued=MIN_STEPS_PER_QUEUED, cfg=cfg, overrides=overrides or {},
-                  results=project(rows), failures=failures)
-    if out: write_atomic(out, lambda f: f.write((json.dumps(report, indent=1) + '\n').encode()))
+                  repeats=repeats, min_steps_per_queued=MIN_STEPS_PER_QUEUED, cfg=cfg,
+                  overrides=overrides, results=rows, failures=failures)
+    def save():
+        text = json.dumps({**report, 'results': project([dict(r) for r in rows])}, indent=1)
+        if out: write_atomic(out, lambda f: f.write((text + '\n').encode()))
+    with tempfile.TemporaryDirectory(prefix='cifar_ddp_bench_') as tmp:
+        cfgs = {(r, n, b): bench_config(r, size, n, warmup, steps, eval_batches, cfg,
+                                        {**overrides, **({'batch_size': b * n} if b else {})},
+                                        Path(tmp)/'data', Path(tmp)/f'runs-{n}-{b}-{i}')
+                for b in batches for n in nprocs for i, r in enumerate(recipes)}  # mistakes
+        for (r, n, b), c in cfgs.items():                                       # stop it here
+            what, launches = f"{r!r} on {n} process(es)", []
+            for _ in range(repeats if r in HEADLINE else 1):
+                t0 = time.time()
+                try: row = launch_workers(measure, n, c, warmup, steps, backend=c.backend,
+                                          group_timeout_s=c.timeout_s, timeout_s=timeout_s)[0]
+                except LaunchError as e:  # keep going: the other recipes' figures are worth having
+                    failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
+                    if verbose: print(f"{what}: failed", flush=True)
+                    break
+                row.update(launch_s=round(time.time() - t0, 1),
+                           startup_s=row.pop('built_at') - t0)  # interpreter, imports, data, model
+                launches.append(row)
+                if verbose: print(f"{what}, batch {row['per_rank_batch']} a process: "
+                                  f"{row['images_per_s']:.1f} images/s over {row['steps']} steps "
+                                  f"({row['launch_s']:.0f} s)", flush=True)
+            if not launches: continue
+            key = (c.model, c.image_size, c.cifar_stem, c.num_classes)
+            if key not in flops: flops[key] = train_flops_per_image(c)[0]
+            rows.append({**median_launch(launches), 'recipe': r, 'nprocs': n, 'model': c.model,
+                         'image_size': c.image_size, 'recipe_values': parse_recipe(r)[1],
+                         'gflop_per_image': flops[key] / 1e9})
+            save()
+    report['results'] = project(rows); save()
     return report
 
 # %% ../nbs/program/09_benchmark.ipynb #9096417d
@@ -168,12 +236,16 @@ def main(argv=None):
                    "(--key VALUE) apply to every recipe.", conflict_handler='resolve')
     add = p.add_argument
     add('--recipes', default='original,fast', help=f"comma-separated: {', '.join(RECIPES)} or "
-        ".yaml files, each with optional +key=value changes; or ablation (default: original,fast)")
+        ".yaml files, each with optional +key=value changes; or ablation, or levers (default: "
+        "original,fast)")
     add('--nprocs', default='1', help="comma-separated process counts, e.g. 1,2,4 (default: 1)")
+    add('--per_process_batch', help="comma-separated images a process a step, e.g. 128,32 "
+        "(default: 128,32 full, the config's batch_size small or when --batch_size is given)")
     add('--size', default='auto', choices=['auto', *SIZES], help="full: the config as it is; "
         "small: ResNet-18 at 64 px; auto (default): full on GPU, small on CPU")
     for k, what in dict(warmup='untimed steps first', steps='timed optimizer steps',
-                        eval_batches='global batches of the timed evaluation').items():
+                        eval_batches='global batches of the timed evaluation',
+                        repeats=f"launches of each of {', '.join(HEADLINE)}").items():
         add(f'--{k}', type=int, help=f"{what} (default: {STEPS['full'][k]} full, "
             f"{STEPS['small'][k]} small)")
     add('--out', default='bench.json', help="where the JSON report goes (default: bench.json)")
@@ -182,10 +254,13 @@ def main(argv=None):
     try:
         a, overrides = cli_overrides(p, argv)
         del overrides['timeout_s']  # the launch's, not the process group's
-        recipes = ABLATION if a.recipes == 'ablation' else [r for r in a.recipes.split(',') if r]
+        recipes = (dict(ablation=ABLATION, levers=LEVERS).get(a.recipes)
+                   or [r for r in a.recipes.split(',') if r])
         nprocs = [n for n in a.nprocs.split(',') if n.strip()]
+        batches = a.per_process_batch and [b for b in a.per_process_batch.split(',') if b.strip()]
         report = run_bench(recipes, nprocs, a.size, a.warmup, a.steps, a.eval_batches, a.cfg,
-                           overrides, a.out, a.timeout_s)
+                           overrides, a.out, a.timeout_s, repeats=a.repeats,
+                           per_process_batch=batches or None)
     except ConfigError as e:
         print(f"cifar_ddp_bench: error: {e}", file=sys.stderr, flush=True); sys.exit(2)
     print(bench_table(report) + f"\nwrote {a.out}")

@@ -254,7 +254,8 @@ def check_bench(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
     small = dict(warmup=1, steps=4, eval_batches=1, overrides=dict(
         image_size=32, resize_size=36, batch_size=16, num_workers=0)) if cpu else {}
     report = run_bench(['original', 'fast'], [nprocs], 'auto', out=Path(workdir)/'bench.json',
-                       timeout_s=timeout_s, verbose=False, **small)
+                       timeout_s=timeout_s, verbose=False, repeats=1, per_process_batch=[None],
+                       **small)  # one launch each, at the config's batch: a check, not a study
     fails = '; '.join(f['error'] for f in report['failures'])
     speeds = ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results'])
     return [check('benchmark: original and fast recipes', not report['failures'], fails or speeds,

@@ -8,12 +8,19 @@ __all__ = ['CIFAR_TRAIN', 'CIFAR_TEST', 'EPOCHS', 'project', 'bench_table']
 # %% ../nbs/program/10_report.ipynb #812d0dde
 CIFAR_TRAIN, CIFAR_TEST, EPOCHS = 50_000, 10_000, 5
 
+def _same_setup(a:dict, b:dict) -> bool:
+    return (a['nprocs'], a.get('per_rank_batch')) == (b['nprocs'], b.get('per_rank_batch'))
+
 def project(rows:list) -> list:
-    "Each row with its ratio to `original` on as many processes, and EPOCHS epochs projected."
+    "Each row with its ratio to `original` (same processes, batch), MFU, EPOCHS epochs projected."
     for r in rows:
-        o = next((o for o in rows if (o['recipe'], o['nprocs']) == ('original', r['nprocs'])), None)
+        o = next((o for o in rows if o['recipe'] == 'original' and _same_setup(o, r)), None)
         train_s, eval_s = CIFAR_TRAIN / r['images_per_s'], CIFAR_TEST / r['eval_images_per_s']
+        flops = r.get('gflop_per_image')  # the model's, a training image: forward and backward
+        tflops = r['images_per_s'] * flops / 1e3 / r['nprocs'] if flops else None
         r.update(ratio_to_original=r['images_per_s'] / o['images_per_s'] if o else None,
+                 tflops_per_process=tflops,
+                 mfu=tflops / r['peak_tflops'] if tflops and r.get('peak_tflops') else None,
                  projected_5_epochs_s=EPOCHS * train_s,
                  projected_5_epochs_with_eval_s=EPOCHS * (train_s + eval_s),
                  projected_5_epochs_all_in_s=r['startup_s'] + r['warmup_extra_s']
@@ -22,29 +29,40 @@ def project(rows:list) -> list:
 
 # %% ../nbs/program/10_report.ipynb #670020fd
 def _secs(s): return f"{s:.0f} s" if s < 600 else f"{s / 60:.0f} min"
+def _or_dash(v, fmt): return '-' if v is None else format(v, fmt)
 
 def bench_table(report:dict) -> str:
     "The report's results (and failures) as a Markdown table, then what the figures are."
-    lines = ["| recipe | processes | batch per rank | timed steps | images/s | ms/step | eval "
-             "images/s | peak mem GB | x original | 5 epochs, training only | 5 epochs, all in |",
-             "|---|" + "--:|" * 10]
+    lines = ["| recipe | processes | batch a process | launches | timed steps | images/s | "
+             "spread | ms/step | eval images/s | peak mem GB | TFLOP/s a process | MFU | "
+             "x original | 5 epochs, training only | 5 epochs, all in |", "|---|" + "--:|" * 14]
     for r in report['results']:
-        ratio = '-' if r['ratio_to_original'] is None else f"{r['ratio_to_original']:.2f}"
-        lines.append(f"| {r['recipe']} | {r['nprocs']} | {r['per_rank_batch']} | {r['steps']} | "
-                     f"{r['images_per_s']:.1f} | {r['ms_per_step']:.1f} | "
-                     f"{r['eval_images_per_s']:.1f} | {r['peak_mem_gb']:.2f} | {ratio} | "
+        n = r.get('launches', 1)
+        spread = f"{r['spread_pct']:.1f}%" if n > 1 else '-'
+        lines.append(f"| {r['recipe']} | {r['nprocs']} | {r['per_rank_batch']} | {n} | "
+                     f"{r['steps']} | {r['images_per_s']:.1f} | {spread} | "
+                     f"{r['ms_per_step']:.1f} | {r['eval_images_per_s']:.1f} | "
+                     f"{r['peak_mem_gb']:.2f} | {_or_dash(r.get('tflops_per_process'), '.3g')} | "
+                     f"{_or_dash(r.get('mfu'), '.1%')} | "
+                     f"{_or_dash(r['ratio_to_original'], '.2f')} | "
                      f"{_secs(r['projected_5_epochs_s'])} | "
                      f"{_secs(r['projected_5_epochs_all_in_s'])} |")
     for f in report.get('failures', []):
         msg = ' '.join(f['error'].split()).replace('|', '/')[:200]
-        lines.append(f"| {f['recipe']} | {f['nprocs']} | failed: {msg} |" + " |" * 8)
+        lines.append(f"| {f['recipe']} | {f['nprocs']} | failed: {msg} |" + " |" * 12)
     text = '\n'.join(lines) + f"\n\n{report['hardware']['label']}"
     if not report['results']: return text
     r = report['results'][0]
+    flops = (f"; {r['gflop_per_image']:.3g} GFLOP a training image (the model's, counted by torch)"
+             if r.get('gflop_per_image') else '')
+    peak = (f"; MFU against {r['peak_tflops']:g} TFLOP/s, the dense {r['peak_dtype']} peak of one "
+            f"{r['device_name']}" if r.get('peak_tflops') else
+            "; no MFU: no peak is known for this device")
     return text + ((f", {r['threads_per_process']} thread(s) a process" if r['device'] == 'cpu'
-                    else '') + f"; {r['model']} at {r['image_size']} px, global batch "
-        f"{r['global_batch']}, timed steps after {report['warmup']} of warm-up (at least "
-        f"{report['min_steps_per_queued']} per batch the loader queues). Projected for {EPOCHS} "
+                    else '') + f"; {r['model']} at {r['image_size']} px{flops}{peak}. Images/s: "
+        "the median of a line's launches; spread: their range over the median. Timed steps "
+        f"after {report['warmup']} of warm-up (at least {report['min_steps_per_queued']} per "
+        f"batch the loader queues). Projected for {EPOCHS} "
         f"epochs of {CIFAR_TRAIN:,} images; 'all in' adds, as measured in the same launch, "
         f"start-up (launch to a built trainer), warm-up's extra time (compilation, cuDNN's "
         f"search), {EPOCHS} evaluations of {CIFAR_TEST:,} images and {EPOCHS} snapshot + best.pt "

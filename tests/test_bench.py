@@ -8,7 +8,8 @@ from cifar_ddp_tut.config import config_dict, load_config
 
 FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s', 'peak_mem_gb', 'ratio_to_original',
           'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'projected_5_epochs_all_in_s', 'per_rank_batch',
-          'global_batch', 'train_loss', 'steps', 'loader_queue', 'startup_s', 'warmup_extra_s', 'eval_extra_s', 'checkpoint_s'}
+          'global_batch', 'train_loss', 'steps', 'loader_queue', 'startup_s', 'warmup_extra_s', 'eval_extra_s', 'checkpoint_s',
+          'launches', 'images_per_s_runs', 'spread_pct', 'gflop_per_image', 'tflops_per_process', 'peak_tflops', 'mfu'}
 
 
 def bench(*args, timeout=600):
@@ -44,9 +45,13 @@ def test_bench_command_line(tmp_path):
         assert r['startup_s'] + r['warmup_s'] + r['seconds'] < r['launch_s'], r
         assert r['host_syncs_per_step'] is None  # counted on CUDA only
         assert r['ratio_to_original'] == 1.0
+        # one launch on a CPU, the model's FLOPs counted, no peak known: no MFU
+        assert r['launches'] == 1 and r['images_per_s_runs'] == [r['images_per_s']] and r['spread_pct'] == 0
+        assert r['gflop_per_image'] > 0 and r['tflops_per_process'] > 0 and r['mfu'] is None
     assert rep['hardware']['device'] == 'cpu' and rep['hardware']['label']
     assert '| recipe | processes |' in p.stdout and f'wrote {out}' in p.stdout
     assert 'start-up' in p.stdout and 'compilation' in p.stdout and 'snapshot + best.pt writes' in p.stdout
+    assert 'GFLOP a training image' in p.stdout and 'no MFU' in p.stdout
     print(f"bench: {secs:.1f} s\n{p.stdout}")
 
 

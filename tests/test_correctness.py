@@ -28,8 +28,8 @@ def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     """2 processes train with BatchNorm in training mode; the val loss/acc they log for each epoch equal an --eval_only of
     the checkpoint saved at that epoch, in ONE process (so with one set of buffers), to 1e-5. Before the fix each rank
     evaluated its shard with its own BatchNorm running statistics. The run is conftest's `small_run` (4 epochs). And the
-    evaluation is exact for any world size: 2 processes (a batch that does not divide) and 3 (uneven shards) give the
-    one process's figures."""
+    evaluation is exact for any world size and evaluation batch: 2 processes (a batch that does not divide) and 3 (uneven
+    shards, eval_batch_size) give the one process's figures."""
     run, data = small_run.save_dir, small_run.data_dir
     assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in small_run.stdout, small_run.stdout
     hist = small_run.history
@@ -44,8 +44,9 @@ def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     # eval_only with a world size that does not divide the training batch: evaluation needs no even split
     ev3 = _eval(2, run/'snapshot.pt', tmp_path/'eval_odd', data, '--batch_size', '63')
     assert ev3['count'] == 101 and abs(ev3['acc'] - hist[-1]['val_acc']) <= TOL
-    # the same checkpoint on 3 processes (101 = 34 + 34 + 33, batches of 6): the one process's count, correct and loss
-    ev = _eval(3, run/'best.pt', tmp_path/'eval3', data, '--batch_size', '6')
+    # the same checkpoint on 3 processes (101 = 34 + 34 + 33) with an evaluation batch of its own (30: 10 a rank, so
+    # batches of 10, 10, 10 and 4 or 3): the one process's count, correct and loss
+    ev = _eval(3, run/'best.pt', tmp_path/'eval3', data, '--batch_size', '6', '--eval_batch_size', '30')
     assert ev['world_size'] == 3 and (ev['count'], ev['correct']) == (one['count'], one['correct']) == (101, one['correct'])
     assert abs(ev['loss'] - one['loss']) < TOL
     # files follow the umask (022 for this run) like any other write (the temporary file behind the atomic write is 0600)
