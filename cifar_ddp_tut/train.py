@@ -26,8 +26,8 @@ from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unw
                                       load_resumable)
 
 # %% auto #0
-__all__ = ['torchrun_cmd', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped', 'write_output',
-           'micro_batches_per_epoch', 'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags',
+__all__ = ['QUIET_EXIT_WAIT_S', 'torchrun_cmd', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped',
+           'write_output', 'micro_batches_per_epoch', 'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags',
            'ignore_stop_signals', 'build_trainer', 'run', 'run_eval', 'main']
 
 # %% ../nbs/program/07_train.ipynb #e0387b96
@@ -486,13 +486,21 @@ def _peer_failure(e:BaseException) -> bool:
     words = str(e).lower()
     return isinstance(e, (RuntimeError, TimeoutError)) and any(w in words for w in _PEER_WORDS)
 
-def _report(e:BaseException, rank:int, local_rank:int, world_size:int):
-    if isinstance(e, PeerFailed) and rank != 0: return  # the failing rank speaks for itself
+def _report(e:BaseException, rank:int, local_rank:int, world_size:int) -> bool:
+    "Print `e` as one line if this rank is the one to say it; whether it did."
+    if isinstance(e, PeerFailed) and rank != 0: return False  # the failing rank speaks for itself
     if isinstance(e, PathError):  # paths can differ between nodes: each node's first process speaks
-        if local_rank != 0: return
-    elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return
+        if local_rank != 0: return False
+    elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return False
     who = f"[rank {rank}] " if world_size > 1 and not isinstance(e, _SAME_ON_ALL_RANKS) else ""
     print(f"cifar_ddp_train: error: {who}{e}", file=sys.stderr, flush=True)
+    return True
+
+QUIET_EXIT_WAIT_S = 10.0
+
+def _leave_the_word(seconds:float=QUIET_EXIT_WAIT_S):
+    "A rank that leaves the error line to another waits: torchrun ends it once the speaker exits."
+    time.sleep(seconds)  # exiting first, it could make torchrun stop the speaker before it prints
 
 def _interrupted_note(save_dir) -> str:
     "What a Ctrl-C leaves behind, in words."
@@ -518,7 +526,7 @@ def main(argv=None):
     signal.signal(signal.SIGINT, on_sigint)
     _stop_signals.clear()
     for s in (signal.SIGTERM, signal.SIGUSR1): signal.signal(s, request_stop)
-    cfg, code = None, 0
+    cfg, code, quiet = None, 0, False
     try:
         cfg = parse_cli(argv, prog='cifar_ddp_train')
         check_paths(cfg)  # every path, on every rank, before any process waits on another
@@ -535,7 +543,8 @@ def main(argv=None):
             if rank == 0: print(f"cifar_ddp_train: {e}", file=sys.stderr, flush=True)
             code = 128 + e.signum
         elif isinstance(e, _EXPECTED):
-            _report(e, rank, local_rank, ws); code = 2 if isinstance(e, ConfigError) else 1
+            quiet = not _report(e, rank, local_rank, ws)
+            code = 2 if isinstance(e, ConfigError) else 1
         elif _peer_failure(e):
             first = str(e).splitlines()[0][:160]
             print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer "
@@ -547,6 +556,7 @@ def main(argv=None):
     finally:
         teardown()
         for s, h in before.items(): signal.signal(s, h)  # called in a process that lives on
+    if quiet and ws > 1: _leave_the_word()
     if code: sys.exit(code)
 
 # %% ../nbs/program/07_train.ipynb #a5dc9184
