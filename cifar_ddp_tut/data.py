@@ -172,9 +172,9 @@ def eval_batch_per_rank(cfg:Config, world_size:int) -> int:
     "Images a rank evaluates at once: `eval_batch_size` (0: the training micro-batch) / world size."
     return max(1, (cfg.eval_batch_size or cfg.batch_size // cfg.accumulate_steps) // world_size)
 
-def build_eval_loader(cfg:Config, env:DistEnv, test_ds, bs:int|None=None):
-    "This rank's exact evaluation loader (ShardSampler: every image once), `bs` images a batch."
-    bs = bs or eval_batch_per_rank(cfg, env.world_size)
+def build_eval_loader(cfg:Config, env:DistEnv, test_ds):
+    "This rank's exact evaluation loader (ShardSampler: every image once), `eval_batch_per_rank`."
+    bs = eval_batch_per_rank(cfg, env.world_size)
     sampler = ShardSampler(len(test_ds), env.world_size, env.rank)
     if cfg.device_data: return DeviceLoader(test_ds, sampler, bs, env.device, False,
                                             **augment_args(cfg))
