@@ -12,10 +12,10 @@ def _env(extra_env):
     return {**os.environ, 'OMP_NUM_THREADS': '1', **(extra_env or {})}
 
 
-def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=()):
-    "Run `torchrun --standalone --nproc_per_node=nproc -m cifar_ddp_tut.train *args`; (CompletedProcess, seconds)."
+def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=(), module='cifar_ddp_tut.train'):
+    "Run `torchrun --standalone --nproc_per_node=nproc -m module *args`; (CompletedProcess, seconds)."
     t0 = time.monotonic()
-    cmd = torchrun_cmd(nproc, *args, launcher_args=launcher_args)
+    cmd = torchrun_cmd(nproc, *args, module=module, launcher_args=launcher_args)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(extra_env), cwd=ROOT)
     return p, time.monotonic() - t0
 

@@ -6,11 +6,11 @@ paths: `parse_cli` and `check_paths` in `train.main`) is the same in every proce
 process through the program's entry point, `train.main(argv)`. One of them also runs under torchrun on 2
 processes, to show that N processes print one line. A mistake found after the process group started
 (world size, data, model, checkpoints) runs under torchrun on 2 processes."""
-import hashlib, os, random, subprocess, sys, time
+import hashlib, os, random, time
 from pathlib import Path
 import pytest
 import torch
-from _util import QUICKSTART, ROOT, torchrun
+from _util import QUICKSTART, torchrun
 from cifar_ddp_tut import train
 from cifar_ddp_tut.checkpoint import CheckpointError, load_checkpoint, save_atomic
 from cifar_ddp_tut.config import load_config
@@ -221,11 +221,7 @@ def test_a_slow_speaker_still_speaks(tmp_path):
     SIGTERM). Here rank 0 reaches the error 3 s after rank 1, and the line still comes."""
     (tmp_path/'slow_speaker.py').write_text(SLOW_SPEAKER)
     args, env = _args('save_dir_is_a_file', tmp_path)
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', str(tmp_path/'slow_speaker.py'),
-           *args]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, **env, 'OMP_NUM_THREADS': '1'})
-    secs = time.monotonic() - t0
+    p, secs = torchrun(2, *args, module='slow_speaker', extra_env={**env, 'PYTHONPATH': str(tmp_path)}, timeout=120)
     errors = [l for l in p.stderr.splitlines() if l.startswith('cifar_ddp_train: error:')]
     assert p.returncode != 0 and len(errors) == 1 and CASES['save_dir_is_a_file'] in errors[0], p.stderr[-3000:]
     assert secs < 60, f"took {secs:.0f} s"  # the quiet rank's wait ends when rank 0 exits
