@@ -4,12 +4,12 @@
 
 # %% ../../nbs/course/02_process_group.ipynb #8b554988
 from __future__ import annotations
-import datetime, os
+import datetime, os, time
 import torch
 import torch.distributed as dist
 
 # %% auto #0
-__all__ = ['hello', 'collectives', 'ring_states', 'join_alone', 'fails_on_rank_1']
+__all__ = ['hello', 'collectives', 'ring_states', 'when_it_returns', 'join_alone', 'fails_on_rank_1']
 
 # %% ../../nbs/course/02_process_group.ipynb #2686ff66
 def hello(rank:int, world_size:int, port:int):
@@ -53,6 +53,23 @@ def ring_states(data:list) -> list:
                 else: val[dst][c], who[dst][c] = v, w
             states.append((f"{phase} step {s + 1}", val, who, {((r + 1) % n, c) for r, c in sends}))
     return states
+
+# %% ../../nbs/course/02_process_group.ipynb #40f2190d
+def when_it_returns(env, delay_s:float=1.0) -> dict:
+    "Rank 1 starts each all-reduce `delay_s` late; seconds in the call and in `wait()`, per mode."
+    out = {}
+    for mode in ('plain', 'async_op=True'):
+        dist.barrier()                      # both ranks start together
+        if env.rank == 1: time.sleep(delay_s)
+        t = torch.ones(1)
+        t0 = time.perf_counter()
+        work = dist.all_reduce(t, async_op=mode != 'plain')
+        t1 = time.perf_counter()
+        done = work is None or work.is_completed()   # complete when the call returned?
+        if work is not None: work.wait()
+        out[mode] = dict(call_s=t1 - t0, wait_s=None if work is None else time.perf_counter() - t1,
+                         done=done, result=t.item())
+    return out
 
 # %% ../../nbs/course/02_process_group.ipynb #ab009d2e
 def join_alone(rank:int, world_size:int, port:int, timeout_s:float):
