@@ -177,7 +177,7 @@ def stop_vote(self:Trainer) -> int:
         if ballot.item(): return int(ballot.item())
     if self.vote_group is None:  # CPU tensors need gloo; with NCCL, a gloo group beside it
         self.vote_group = dist.group.WORLD if dist.get_backend() == 'gloo' else dist.new_group(
-            backend='gloo', timeout=datetime.timedelta(seconds=self.cfg.timeout_s))  # not gloo's 30 min
+            backend='gloo', timeout=datetime.timedelta(seconds=self.cfg.timeout_s))  # not 30 min
     ballot = torch.tensor([mine])
     self.vote = (dist.all_reduce(ballot, op=dist.ReduceOp.MAX, group=self.vote_group,
                                  async_op=True), ballot)
