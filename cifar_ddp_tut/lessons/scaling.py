@@ -88,7 +88,7 @@ def step_time(compute_s:float, buckets:list, n:int, allreduce, overlap:float=1.0
     step = compute_s * (1 + ddp + sync * growth(n)) + paid
     return dict(compute_s=compute_s, comm_s=comm, exposed_s=exposed, paid_s=paid, step_s=step)
 
-# %% ../../nbs/course/09_scaling.ipynb #878213a8
+# %% ../../nbs/course/09_scaling.ipynb #1a75fe2c
 def fit_overheads(rows:list, growth=math.log2) -> dict:
     "ddp, sync (>= 0) and overlap (0-1) by least squares on (compute, n, comm, exposed, measured)."
     A = np.array([[c, c * growth(n), comm - e] for c, n, comm, e, s in rows])
@@ -421,7 +421,7 @@ def scaling_rows(spec:dict, check:dict, fabrics:dict=FABRICS, ns=NS, **kw) -> li
                          'extrapolated': past})
     return rows
 
-# %% ../../nbs/course/09_scaling.ipynb #3349d06a
+# %% ../../nbs/course/09_scaling.ipynb #7edc3fdc
 def prediction_markdown(rows:list, ns=(8, 64, 1024)):
     "Efficiency (band) at a few N by fabric, marked where it is an extrapolation."
     from IPython.display import Markdown
