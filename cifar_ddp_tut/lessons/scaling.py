@@ -15,15 +15,16 @@ from ..model import build_model
 from ..doctor import allreduce_rows
 
 # %% auto #0
-__all__ = ['SMALL', 'NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'SOURCES', 'PUBLISHED', 'BUCKET_DIFFS', 'FABRICS',
-           'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'small_model', 'n_params',
+__all__ = ['SMALL', 'NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'BUCKET_DIFFS',
+           'FABRICS', 'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'small_model', 'n_params',
            'grad_bytes', 'ddp_buckets', 'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd',
            'train_step', 'rank_batch', 'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce',
-           'calibration_rows', 'fit_here', 'system_busbw', 'published_buckets', 'published_cases', 'model_step',
-           'fit_published', 'check_published', 'bucket_check', 'predict', 'scaling_rows', 'powersgd_bytes', 'what_if',
-           'build_parallel', 'optimizer_bytes', 'activation_bytes', 'full_params', 'largest_unit_bytes',
-           'compare_worker', 'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook', 'fidelity_hook',
-           'hook_worker']
+           'calibration_rows', 'fit_here', 'system_busbw', 'published_cases', 'published_buckets', 'model_step',
+           'fit_kind', 'predict_case', 'check_published', 'skill_table', 'skill_markdown', 'bucket_check',
+           'step_times_worker', 'expected_max', 'growth_curves', 'plot_straggler', 'predict', 'checked_range',
+           'scaling_rows', 'prediction_markdown', 'powersgd_bytes', 'what_if', 'build_parallel', 'optimizer_bytes',
+           'activation_bytes', 'full_params', 'largest_unit_bytes', 'compare_worker', 'memory_per_rank', 'memory_grid',
+           'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
 
 # %% ../../nbs/course/09_scaling.ipynb #05bd6bd3
 SMALL = dict(model='resnet18', pretrained=False, image_size=32, resize_size=36, num_classes=10)
@@ -73,7 +74,7 @@ def line_allreduce_s(nbytes:float, n:int, busbw_gbs:float, latency_us:float) -> 
 
 # %% ../../nbs/course/09_scaling.ipynb #e4f1fdae
 def step_time(compute_s:float, buckets:list, n:int, allreduce, overlap:float=1.0,
-              ddp:float=0.0, sync:float=0.0, backward_frac:float=2/3) -> dict:
+              ddp:float=0.0, sync:float=0.0, backward_frac:float=2/3, growth=math.log2) -> dict:
     "One DDP step (seconds): compute, DDP's and the sync's share of it, the all-reduce paid."
     total, t_bwd = sum(buckets), backward_frac * compute_s
     end = done = comm = 0.0
@@ -84,12 +85,13 @@ def step_time(compute_s:float, buckets:list, n:int, allreduce, overlap:float=1.0
         end, comm = max(end, ready) + c, comm + c
     exposed = max(0.0, end - compute_s)
     paid = exposed + (1 - overlap) * (comm - exposed)
-    step = compute_s * (1 + ddp + sync * math.log2(n)) + paid
+    step = compute_s * (1 + ddp + sync * growth(n)) + paid
     return dict(compute_s=compute_s, comm_s=comm, exposed_s=exposed, paid_s=paid, step_s=step)
 
-def fit_overheads(rows:list) -> dict:
+# %% ../../nbs/course/09_scaling.ipynb #1a75fe2c
+def fit_overheads(rows:list, growth=math.log2) -> dict:
     "ddp, sync (>= 0) and overlap (0-1) by least squares on (compute, n, comm, exposed, measured)."
-    A = np.array([[c, c * math.log2(n), comm - e] for c, n, comm, e, s in rows])
+    A = np.array([[c, c * growth(n), comm - e] for c, n, comm, e, s in rows])
     s = np.array([r[-1] for r in rows])
     A, y = A / s[:, None], np.array([(s_ - c - e) / s_ for c, _, _, e, s_ in rows])
     best = None
@@ -205,7 +207,9 @@ SYSTEMS = {
     'DGX-1 V100': dict(per_node=8, intra={2: 20, 4: 40, 8: 120}, inter=48),  # 4 x 100 Gb/s IB
     'DGX A100': dict(per_node=8, intra=235, inter=192),  # tuning.cc caps A100 at 235; 8 x 200G
     'HGX H100': dict(per_node=8, intra=371, inter=None),  # 18 NVLinks x 20.6
+    'p2.8xlarge K80': dict(per_node=8, intra=12, inter=1.2),  # PCIe Gen3 12; 10 Gb/s x 12/100
 }
+BW_FACTOR = 2  # the bandwidths above are known to within this factor, no better
 
 def system_busbw(system:str, n:int) -> float:
     "The bus bandwidth (GB/s) of a ring of `n` GPUs on `system`: inside one node, or across."
@@ -214,104 +218,108 @@ def system_busbw(system:str, n:int) -> float:
     intra = s['intra'][min(n, s['per_node'])] if isinstance(s['intra'], dict) else s['intra']
     return intra if n <= s['per_node'] else min(intra, s['inter'])
 
-SOURCES = {
-    'pytorch': "PyTorch's DDP benchmark: pytorch/pytorch, benchmarks/distributed/ddp/README.md "
-               "(example output, p50; commit bf69c14)",
-    'dle': "NVIDIA DeepLearningExamples: PyTorch/Classification/ConvNets/{resnet50v1.5, "
-           "resnext101-32x4d, efficientnet}/README.md (commits 291f0d0, 48dc9ad, 0107cf2)",
-    'lambda': "Lambda: lambdal/deeplearning-benchmark, pytorch/pytorch-train-throughput-"
-              "{fp16,fp32}.csv (commit 0551cb7); batches from scripts/config_v1",
-}
-
-# (source, model, system, precision, batch a GPU, data, one GPU without DDP img/s, {N: img/s})
-PUBLISHED = [
-    *[('pytorch', m, 'DGX-1 V100', 'fp32', 32, 'synthetic', 32 / t0,
-       {n: n * 32 / t for n, t in zip((1, 2, 4, 8, 16), ts)})
-      for m, t0, ts in (('ResNet-50', .097, (.100, .103, .103, .104, .104)),
-                        ('ResNet-101', .162, (.171, .176, .176, .179, .179)),
-                        ('ResNeXt-50 32x4d', .145, (.147, .153, .153, .157, .157)),
-                        ('ResNeXt-101 32x8d', .415, (.425, .438, .439, .447, .450)))],
-    ('dle', 'ResNet-50', 'DGX A100', 'tf32', 256, 'ImageNet', 938, {8: 7248}),
-    ('dle', 'ResNet-50', 'DGX A100', 'amp', 256, 'ImageNet', 2470, {8: 16621}),
-    ('dle', 'ResNet-50', 'DGX-1 V100', 'fp32', 112, 'ImageNet', 367, {8: 2855}),
-    ('dle', 'ResNet-50', 'DGX-1 V100', 'amp', 256, 'ImageNet', 1200, {8: 8322}),
-    ('dle', 'ResNet-50', 'DGX-1 V100', 'fp32', 112, 'ImageNet', 356, {8: 2766}),  # 32 GB
-    ('dle', 'ResNet-50', 'DGX-1 V100', 'amp', 256, 'ImageNet', 1156, {8: 8056}),  # 32 GB
-    ('dle', 'ResNeXt-101 32x4d', 'DGX A100', 'tf32', 128, 'ImageNet', 456, {8: 3471}),
-    ('dle', 'ResNeXt-101 32x4d', 'DGX A100', 'amp', 128, 'ImageNet', 1211, {8: 7925}),
-    ('dle', 'ResNeXt-101 32x4d', 'DGX-1 V100', 'fp32', 64, 'ImageNet', 147, {8: 1133}),
-    ('dle', 'ResNeXt-101 32x4d', 'DGX-1 V100', 'amp', 128, 'ImageNet', 587, {8: 4065}),
-    ('dle', 'ResNeXt-101 32x4d', 'DGX-1 V100', 'fp32', 64, 'ImageNet', 144, {8: 1108}),
-    ('dle', 'ResNeXt-101 32x4d', 'DGX-1 V100', 'amp', 128, 'ImageNet', 565, {8: 3863}),
-    ('dle', 'EfficientNet-B0', 'DGX A100', 'tf32', 256, 'ImageNet', 1078, {8: 8193, 16: 16137}),
-    ('dle', 'EfficientNet-B0', 'DGX A100', 'amp', 256, 'ImageNet', 2489, {8: 16652, 16: 29332}),
-    ('dle', 'EfficientNet-B4', 'DGX A100', 'tf32', 64, 'ImageNet', 157,
-     {8: 1223, 16: 2417, 32: 4813, 64: 9146}),
-    ('dle', 'EfficientNet-B4', 'DGX A100', 'amp', 128, 'ImageNet', 331,
-     {8: 2570, 16: 4813, 32: 9425, 64: 18900}),
-    ('dle', 'EfficientNet-B0', 'DGX-1 V100', 'fp32', 64, 'ImageNet', 655, {8: 4672}),
-    ('dle', 'EfficientNet-B0', 'DGX-1 V100', 'amp', 128, 'ImageNet', 1301, {8: 7789}),
-    ('dle', 'EfficientNet-B4', 'DGX-1 V100', 'fp32', 16, 'ImageNet', 83, {8: 616}),
-    ('dle', 'EfficientNet-B4', 'DGX-1 V100', 'amp', 32, 'ImageNet', 204, {8: 1366}),
-    *[('lambda', 'ResNet-50', system, prec, batch, 'synthetic', xs[0], dict(zip((2, 4, 8), xs[1:])))
-      for system, prec, batch, xs in (
-          ('DGX-1 V100', 'amp', 256, (833, 1571, 3107, 6174)),  # LambdaCloud 8x V100 16GB
-          ('DGX A100', 'amp', 1280, (1582, 3038, 6070, 11439)),  # 8x A100 80GB SXM4
-          ('HGX H100', 'amp', 1280, (2616, 5179, 10406, 20728)),  # H100 80GB SXM5
-          ('HGX H100', 'amp', 1280, (2776, 5511, 11031, 22048)),  # Dell
-          ('HGX H100', 'amp', 1280, (2787, 5526, 11050, 22045)),  # SMC
-          ('HGX H100', 'amp', 1280, (2791, 5532, 11053, 22088)),  # 1CC
-          ('DGX-1 V100', 'fp32', 128, (369, 710, 1422, 2817)),
-          ('DGX A100', 'fp32', 640, (1066, 2029, 4042, 7397)),
-          ('HGX H100', 'fp32', 640, (1753, 3477, 6930, 13856)),
-          ('HGX H100', 'fp32', 640, (1893, 3744, 7480, 14981)),
-          ('HGX H100', 'fp32', 640, (1893, 3747, 7502, 14972)),
-          ('HGX H100', 'fp32', 640, (1898, 3753, 7495, 14985)))],
-]
+def published_cases() -> list:
+    "Every published measurement in `scaling_cases.csv` (installed with the package), typed."
+    import csv, importlib.resources
+    with (importlib.resources.files('cifar_ddp_tut.lessons') / 'scaling_cases.csv').open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r.update({k: int(r[k]) for k in ('batch', 'n', 'gpus_per_node')})
+        r.update({k: float(r[k]) for k in ('x1', 'images_s')})
+    return rows
 
 @functools.cache
 def published_buckets(model:str, cap_mb:float=25) -> tuple:
     "DDP's buckets (bytes) for a published model, built on the meta device (no memory, no time)."
     import torchvision.models as tvm
     from torchvision.models.resnet import ResNet, Bottleneck
-    make = {'ResNet-50': tvm.resnet50, 'ResNet-101': tvm.resnet101,
+    make = {'ResNet-50': tvm.resnet50, 'ResNet-101': tvm.resnet101, 'ResNet-152': tvm.resnet152,
             'ResNeXt-50 32x4d': tvm.resnext50_32x4d, 'ResNeXt-101 32x8d': tvm.resnext101_32x8d,
             'ResNeXt-101 32x4d': lambda: ResNet(Bottleneck, [3, 4, 23, 3], groups=32,
                                                 width_per_group=4),
-            'EfficientNet-B0': tvm.efficientnet_b0, 'EfficientNet-B4': tvm.efficientnet_b4}
+            'EfficientNet-B0': tvm.efficientnet_b0, 'EfficientNet-B4': tvm.efficientnet_b4,
+            'Inception-v3': lambda: tvm.inception_v3(init_weights=False)}
     with torch.device('meta'): m = make[model]()
     return tuple(ddp_buckets(m, cap_mb, first_mb=1))  # their DDP: a 1 MiB first bucket
 
-def published_cases() -> list:
-    "Every published measurement as a case: its setting, the one-GPU baseline, N and images/s."
-    return [dict(source=src, model=m, system=sy, precision=pr, batch=b, data=d, x1=x1, n=n, x=x)
-            for src, m, sy, pr, b, d, x1, pts in PUBLISHED for n, x in pts.items()]
-
-def model_step(case:dict, params:dict|None=None, cap_mb:float=25) -> dict:
+def model_step(case:dict, params:dict|None=None, cap_mb:float=25, bw_scale:float=1.0,
+               growth=math.log2) -> dict:
     "The model's step for a published case (its one-GPU step, without DDP, as compute)."
-    n, bw = case['n'], system_busbw(case['system'], case['n'])
+    n, bw = case['n'], system_busbw(case['system'], case['n']) * bw_scale
     per_node = SYSTEMS[case['system']]['per_node']
-    return step_time(case['batch'] / case['x1'], published_buckets(case['model'], cap_mb), n,
-                     lambda b: nccl_allreduce_s(b, n, bw, per_node), **(params or {}))
+    return step_time(case['batch'] / case['x1'], published_buckets(case['grads_of'], cap_mb), n,
+                     lambda b: nccl_allreduce_s(b, n, bw, per_node), growth=growth,
+                     **(params or {}))
 
-def fit_published(cases:list) -> dict:
-    "ddp, sync and overlap fitted to published cases."
-    return fit_overheads([(r['compute_s'], c['n'], r['comm_s'], r['exposed_s'],
-                           c['n'] * c['batch'] / c['x']) for c in cases
-                          for r in [model_step(c)]])
+# %% ../../nbs/course/09_scaling.ipynb #fb7c5e21
+# The rules of thumb the model must beat, each fitted like the model (least squares on the
+# relative step time): perfect scaling; a constant loss for N > 1; a constant loss per doubling
+KINDS_FIT = ('model', 'linear scaling', 'loss for N > 1', 'loss per doubling')
+N_RANGES = {'N <= 8': (1, 8), 'N 9-64': (9, 64), 'N > 64': (65, 10**9), 'N >= 32': (32, 10**9)}
 
-def check_published(cases:list|None=None) -> dict:
-    "Fit on all sources but one, predict that one; each case's held-out prediction and error."
+def _rows(cases):
+    "(compute, n, all-reduce, exposed, measured step) of each case, all-reduce as modelled."
+    return [(r['compute_s'], c['n'], r['comm_s'], r['exposed_s'],
+             c['n'] * c['batch'] / c['images_s']) for c in cases for r in [model_step(c)]]
+
+def fit_kind(cases:list, kind:str, growth=math.log2) -> dict:
+    "The parameters of `kind` fitted to `cases` (`growth`: the model's sync term's, in N)."
+    rows = _rows(cases)
+    if kind == 'model': return fit_overheads(rows, growth)
+    if kind == 'linear scaling': return {}
+    x = np.array([c / s * (n > 1 if kind == 'loss for N > 1' else math.log2(n))
+                  for c, n, _, _, s in rows])
+    y = np.array([(s - c) / s for c, _, _, _, s in rows])
+    return dict(loss=max(0.0, float(x @ y / (x @ x))))
+
+def predict_case(case:dict, kind:str, p:dict, growth=math.log2) -> float:
+    "Images/s `kind` with parameters `p` predicts for a published case."
+    n, r = case['n'], model_step(case, p if kind == 'model' else None, growth=growth)
+    g = {'loss for N > 1': n > 1, 'loss per doubling': math.log2(n)}.get(kind, 0)
+    step = r['step_s'] if kind == 'model' else r['compute_s'] * (1 + p.get('loss', 0) * g)
+    return n * case['batch'] / step
+
+def check_published(cases:list|None=None, growth=math.log2) -> dict:
+    "Each kind fitted on all sources but one, predicting that one: every case, held out."
     cases = cases or published_cases()
-    fits = {s: fit_published([c for c in cases if c['source'] != s])
-            for s in dict.fromkeys(c['source'] for c in cases)}
-    rows = []
-    for c in cases:
-        pred = c['n'] * c['batch'] / model_step(c, fits[c['source']])['step_s']
-        rows.append({**c, 'predicted': pred, 'error': pred / c['x'] - 1})
+    sources = list(dict.fromkeys(c['source'] for c in cases))
+    fits = {k: {s: fit_kind([c for c in cases if c['source'] != s], k, growth) for s in sources}
+            for k in KINDS_FIT}
+    rows = [{**c, 'errors': {k: predict_case(c, k, fits[k][c['source']], growth) / c['images_s'] - 1
+                             for k in KINDS_FIT}} for c in cases]
+    for r in rows:  # the model's prediction, under the names the case table reads
+        e = r['errors']['model']
+        r.update(x=r['images_s'], predicted=r['images_s'] * (1 + e), error=e)
     mae = lambda rs: statistics.mean(abs(r['error']) for r in rs)
-    return dict(rows=rows, fits=fits, all=fit_published(cases), mae=mae(rows),
-                mae_by_source={s: mae([r for r in rows if r['source'] == s]) for s in fits})
+    return dict(rows=rows, fits=fits['model'], all=fit_kind(cases, 'model', growth),
+                sources=sources, baselines={k: fits[k] for k in KINDS_FIT[1:]}, mae=mae(rows),
+                mae_by_source={s: mae([r for r in rows if r['source'] == s]) for s in sources})
+
+def skill_table(check:dict) -> list:
+    "Held-out mean absolute error of the model and each rule of thumb, by source and N range."
+    groups = [(f"held out: {s}", lambda r, s=s: r['source'] == s) for s in check['sources']]
+    groups += [(name, lambda r, lo=lo, hi=hi: lo <= r['n'] <= hi)
+               for name, (lo, hi) in N_RANGES.items()] + [('all', lambda r: True)]
+    out = []
+    for name, sel in groups:
+        rs = [r for r in check['rows'] if sel(r)]
+        out.append(dict(group=name, cases=len(rs), **{
+            k: statistics.mean(abs(r['errors'][k]) for r in rs) if rs else None
+            for k in KINDS_FIT}))
+    return out
+
+def skill_markdown(table:list):
+    "The skill table as markdown: held-out MAE, best of each row in bold."
+    from IPython.display import Markdown
+    lines = ['| held out, or N | cases | ' + ' | '.join(KINDS_FIT) + ' |',
+             '|---|--:|' + '--:|' * len(KINDS_FIT)]
+    for t in table:
+        vals = [t[k] for k in KINDS_FIT]
+        best = min((v for v in vals if v is not None), default=None)
+        cell = lambda v: '-' if v is None else (f"**{v:.1%}**" if v == best else f"{v:.1%}")
+        lines.append(f"| {t['group']} | {t['cases']} | " + ' | '.join(map(cell, vals)) + ' |')
+    return Markdown('Held-out mean absolute error of images/s (fitted without the case\'s '
+                    'source)\n\n' + '\n'.join(lines))
 
 # %% ../../nbs/course/09_scaling.ipynb #2c0675de
 # The README's bucket comparison: throughput change at p75, bucket_cap_mb=1 against 25, N = 1...16
@@ -328,38 +336,102 @@ def bucket_check(params:dict) -> list:
             for c in published_cases() if c['source'] == 'pytorch'
             for d in [BUCKET_DIFFS[c['model']][(1, 2, 4, 8, 16).index(c['n'])]]]
 
+# %% ../../nbs/course/09_scaling.ipynb #f6fe16f2
+def step_times_worker(env, steps:int=800, size:int=128) -> list:
+    "Seconds of each of `steps` identical small steps (a chain of matmuls), no collectives."
+    torch.manual_seed(env.rank)
+    a, out = torch.randn(size, size), []
+    for i in range(steps + 20):  # 20 warm-up steps
+        t = time.perf_counter()
+        for _ in range(6): a = torch.tanh(a @ a / size)
+        if i >= 20: out.append(time.perf_counter() - t)
+    return out
+
+def expected_max(samples, ns=tuple(2**k for k in range(11)), draws:int=2000, seed:int=0) -> dict:
+    "E[max of n steps] by bootstrap: n steps drawn from the measured ones, `draws` times."
+    rng, x = np.random.default_rng(seed), np.asarray(samples)
+    return {n: float(rng.choice(x, (draws, n)).max(1).mean()) for n in ns}
+
+def growth_curves(samples, ns=tuple(2**k for k in range(11))) -> dict:
+    "Growth of the wait for the slowest of n, 0 at n=1 and 1 at n=2: measured, log2, Gaussian."
+    em = expected_max(samples, ns)
+    gauss = expected_max(np.random.default_rng(1).standard_normal(200_000), ns)
+    norm = lambda d: {n: (d[n] - d[1]) / (d[2] - d[1]) for n in ns}
+    return {'measured here (bootstrap)': norm(em), 'log2 N': {n: math.log2(n) for n in ns},
+            'Gaussian tail (about sqrt(2 ln N))': norm(gauss)}
+
+# %% ../../nbs/course/09_scaling.ipynb #99d89a78
+def plot_straggler(samples:list, curves:dict, label:str):
+    "Measured step times (histogram); growth of E[slowest of N] beside log2 N and a Gaussian's."
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(10, 3.8)); a, b = fig.subplots(1, 2)
+    a.hist(np.asarray(samples) * 1e3, bins=60, color='C0')
+    a.set(xlabel='ms a step', ylabel='steps', yscale='log', title=f"step times measured\n{label}")
+    for k, c in curves.items(): b.plot(list(c), list(c.values()), 'o-', ms=3, label=k)
+    b.set(xscale='log', xlabel='N (ranks waited for)', ylabel='wait for the slowest, x N = 2',
+          title='E[slowest of N] - E[one], by bootstrap')
+    for ax in (a, b): ax.title.set_fontsize(9); ax.grid(alpha=.3)
+    b.legend(fontsize=8)
+    return fig
+
 # %% ../../nbs/course/09_scaling.ipynb #9373ae78
-# Across nodes a ring's bus bandwidth is about the node's NICs x NCCL's 12 GB/s per 100 Gb/s
+# Across nodes a ring's bus bandwidth is about the node's NICs x NCCL's 12 GB/s per 100 Gb/s;
+# each fabric names the published system it was checked on (None: never beyond one node)
 FABRICS = {  # intra: inside an 8-GPU A100 node (NCCL's 235); inter: per node, across nodes
-    '8 x 200 Gb/s InfiniBand': dict(intra=235, inter=192),
-    '1 x 400 Gb/s InfiniBand': dict(intra=235, inter=48),
-    '100 Gb Ethernet': dict(intra=235, inter=12),
-    '25 Gb Ethernet': dict(intra=235, inter=3),
+    '8 x 200 Gb/s InfiniBand': dict(intra=235, inter=192, checked_on='DGX A100'),
+    '4 x 100 Gb/s InfiniBand': dict(intra=235, inter=48, checked_on='DGX-1 V100'),
+    '100 Gb Ethernet': dict(intra=235, inter=12, checked_on=None),
+    '10 Gb Ethernet': dict(intra=235, inter=1.2, checked_on='p2.8xlarge K80'),
 }
 # ResNet-50 on one A100 without DDP, mixed precision, 256 a GPU (DeepLearningExamples, above)
 RESNET50_A100 = dict(model='ResNet-50', batch=256, x1=2470)
 NS = [2**k for k in range(11)]  # 1 ... 1024
 
 def predict(spec:dict, n:int, fabric:dict, params:dict, batch:float|None=None,
-            grad_scale:float=1.0, cap_mb:float=25) -> dict:
+            grad_scale:float=1.0, cap_mb:float=25, bw_scale:float=1.0) -> dict:
     "The model's step and images/s for `spec` on `n` GPUs of `fabric`, 8 a node."
     b = batch or spec['batch']
-    bw = fabric['intra'] if n <= 8 else min(fabric['intra'], fabric['inter'])
+    bw = (fabric['intra'] if n <= 8 else min(fabric['intra'], fabric['inter'])) * bw_scale
     buckets = [x * grad_scale for x in published_buckets(spec['model'], cap_mb)]
     r = step_time(b / spec['x1'], buckets, n, lambda x: nccl_allreduce_s(x, n, bw), **params)
     return {**r, 'n': n, 'images_s': n * b / r['step_s'],
             'efficiency': b / spec['x1'] / r['step_s']}
 
-def scaling_rows(spec:dict, fits:dict, fabrics:dict=FABRICS, ns=NS, **kw) -> list:
-    "Efficiency by fabric and N: the fit on all sources, and the lowest and highest of the others."
+def checked_range(check:dict, fabric:dict) -> tuple:
+    "(largest N checked on the fabric's system, the model's held-out error there)."
+    rows = [r for r in check['rows'] if r['system'] == fabric['checked_on']] or check['rows']
+    n = max(r['n'] for r in rows) if fabric['checked_on'] else 8
+    at = [r for r in rows if r['n'] == n] or [r for r in check['rows']
+                                               if r['n'] == max(x['n'] for x in check['rows'])]
+    return n, statistics.mean(abs(r['error']) for r in at)
+
+def scaling_rows(spec:dict, check:dict, fabrics:dict=FABRICS, ns=NS, **kw) -> list:
+    "Efficiency by fabric and N: the fit on all; band: held-out fits, bandwidths, past checks."
+    fits = {'all': check['all'], **check['fits']}
     rows = []
     for fname, fab in fabrics.items():
+        top, err = checked_range(check, fab)
         for n in ns:
-            eff = {k: predict(spec, n, fab, p, **kw)['efficiency'] for k, p in fits.items()}
-            best = predict(spec, n, fab, fits['all'], **kw)
-            rows.append({**best, 'fabric': fname, 'low': min(eff.values()),
-                         'high': max(eff.values())})
+            eff = [predict(spec, n, fab, p, bw_scale=s, **kw)['efficiency'] for p in fits.values()
+                   for s in (1 / BW_FACTOR, 1, BW_FACTOR)]
+            lo, hi, past = min(eff), max(eff), n > top
+            if past: lo, hi = lo * (1 - err), hi * (1 + err)
+            rows.append({**predict(spec, n, fab, fits['all'], **kw), 'fabric': fname,
+                         'low': max(lo, 0.0), 'high': min(hi, 1.0), 'checked_to': top,
+                         'extrapolated': past})
     return rows
+
+# %% ../../nbs/course/09_scaling.ipynb #7edc3fdc
+def prediction_markdown(rows:list, ns=(8, 64, 1024)):
+    "Efficiency (band) at a few N by fabric, marked where it is an extrapolation."
+    from IPython.display import Markdown
+    lines = ['| fabric | checked to N | N | images/s | efficiency | band | all-reduce ms |',
+             '|---|--:|--:|--:|--:|--:|--:|']
+    lines += [f"| {r['fabric']} | {r['checked_to']} | {r['n']} | {r['images_s']:,.0f} | "
+              f"{r['efficiency']:.0%}{' (extrapolated)' if r['extrapolated'] else ''} | "
+              f"{r['low']:.0%}-{r['high']:.0%} | {r['comm_s'] * 1e3:.1f} |"
+              for r in rows if r['n'] in ns]
+    return Markdown('ResNet-50 on A100s, 256 images a GPU: ESTIMATES\n\n' + '\n'.join(lines))
 
 # %% ../../nbs/course/09_scaling.ipynb #7372682a
 def powersgd_bytes(model, rank:int=1, min_compression_rate:float=2, dtype_bytes:int=4) -> int:
