@@ -104,8 +104,11 @@ _CODE = re.compile(r'(```.*?```|`[^`\n]*`)', re.S)
 
 def _math(md):
     "LaTeX between `$$` or `$` as MathML, which browsers draw without a script from the internet."
-    def block(m): return latex_to_mathml(m.group(1), display='block')
-    def inline(m): return latex_to_mathml(m.group(1))
+    def mathml(m, display):
+        try: return latex_to_mathml(m.group(1), display=display)
+        except Exception: return m.group(0)  # a formula it cannot read stays as written
+    def block(m): return mathml(m, 'block')
+    def inline(m): return mathml(m, 'inline')
     parts = _CODE.split(md)
     for i in range(0, len(parts), 2):  # not inside code
         p = re.sub(r'\$\$(.+?)\$\$', block, parts[i], flags=re.S)
@@ -274,7 +277,9 @@ def on_post_build(config, **kwargs):
     out = Path(config['site_dir']) / 'assets' / 'notebook.css'
     out.parent.mkdir(parents=True, exist_ok=True)
     # a formula wider than a phone's screen scrolls instead of being cut off
-    site_css = 'math[display="block"] { overflow-x: auto; max-width: 100%; }'
+    # and a wide screen shows a notebook's 100-character lines without scrolling
+    site_css = ('math[display="block"] { overflow-x: auto; max-width: 100%; }\n'
+                '.md-grid { max-width: 76rem; }')
     out.write_text('\n'.join(_css + [site_css]), encoding='utf-8')
 
 
