@@ -1,0 +1,287 @@
+"""MkDocs hooks that turn the saved notebooks in `nbs/` into the course's website (`mkdocs build`).
+
+Nothing is executed: each page shows the outputs saved in its notebook. On the way the notebooks are
+copied to a scratch folder and prepared as nbdev's own docs prepare them (`#| hide` cells left out,
+`#| ...` directive lines not shown); the pages then get working links (`.ipynb` links point at
+pages), the package's source as pages, and nothing that must be fetched from the internet.
+"""
+import html
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from latex2mathml.converter import convert as latex_to_mathml
+from mkdocs.structure.toc import get_toc
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT / 'nbs'
+PKG = ROOT / 'cifar_ddp_tut'
+SECTIONS = {'course': 'The DDP course', 'program': 'The program'}
+SOURCE_DIR = 'source'  # where the package's source pages go in the site
+
+_scratch = None   # the folder the site is built from
+_css = []         # the notebooks' style sheets, written once to assets/notebook.css
+
+
+# ---------------------------------------------------------------------------------------------
+# Which notebooks, in which order, answering which question
+
+
+def notebooks(nbs=NBS):
+    "The site's notebooks in reading order: index.ipynb, then each folder's notebooks by name."
+    out = [nbs / 'index.ipynb'] if (nbs / 'index.ipynb').exists() else []
+    for d in sorted(p for p in nbs.iterdir() if p.is_dir() and not p.name.startswith(('_', '.'))):
+        out += sorted(p for p in d.glob('*.ipynb') if not p.name.startswith(('_', '.')))
+    return out
+
+
+def title_and_question(nb):
+    "The `# title` and `> question` lines of a notebook's first markdown cell."
+    cell = next(c for c in nb['cells'] if c['cell_type'] == 'markdown')
+    lines = ''.join(cell['source']).splitlines()
+    title = next((l[2:].strip() for l in lines if l.startswith('# ')), '')
+    question = next((l[1:].strip() for l in lines if l.startswith('>')), '')
+    return title, question
+
+
+def _plain(md):
+    "Markdown of a heading or a summary as plain text."
+    return re.sub(r'\[([^\]]*)\]\([^)]*\)', r'\1', md).replace('`', '')
+
+
+def _first_question(text):
+    "The question of a summary that goes on after its question mark."
+    m = re.match(r'(.*?\?)(\s|$)', text)
+    return m.group(1) if m else text
+
+
+def _number(path):
+    m = re.match(r'(\d+)_', path.name)
+    return f'{int(m.group(1))}. ' if m else ''
+
+
+def _exported_module(nb):
+    "The module `#| default_exp` names, as a path in the package, or None."
+    for c in nb['cells']:
+        m = re.search(r'^#\|\s*default_exp\s+(\S+)', ''.join(c['source']), re.M)
+        if c['cell_type'] == 'code' and m: return m.group(1).replace('.', '/') + '.py'
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing a notebook for its page
+
+
+_DIRECTIVE = re.compile(r'^\s*#\s*\|\s*(.*)$')
+
+
+def _directives(src):
+    return [m.group(1).strip() for l in src.splitlines() if (m := _DIRECTIVE.match(l))]
+
+
+def _hidden(cell):
+    "Cells that nbdev's docs leave out: `#| hide`, `#| include: false`."
+    ds = _directives(''.join(cell['source']))
+    return any(d == 'hide' or re.fullmatch(r'include:\s*false', d) for d in ds)
+
+
+def _code_cell(cell):
+    src = ''.join(cell['source'])
+    ds = _directives(src)
+    shown = '\n'.join(l for l in src.splitlines() if not _DIRECTIVE.match(l)).strip('\n')
+    cell = dict(cell, source=shown)
+    if any(re.fullmatch(r'echo:\s*false', d) for d in ds):
+        cell['metadata'] = dict(cell.get('metadata', {}), tags=['remove_input'])
+    if any(re.fullmatch(r'output:\s*false', d) for d in ds): cell['outputs'] = []
+    if not shown and not cell.get('outputs'): return None
+    return cell
+
+
+_CODE = re.compile(r'(```.*?```|`[^`\n]*`)', re.S)
+
+
+def _math(md):
+    "LaTeX between `$$` or `$` as MathML, which browsers draw without a script from the internet."
+    def mathml(m, display):
+        try: return latex_to_mathml(m.group(1), display=display)
+        except Exception: return m.group(0)  # a formula it cannot read stays as written
+    def block(m): return mathml(m, 'block')
+    def inline(m): return mathml(m, 'inline')
+    parts = _CODE.split(md)
+    for i in range(0, len(parts), 2):  # not inside code
+        p = re.sub(r'\$\$(.+?)\$\$', block, parts[i], flags=re.S)
+        parts[i] = re.sub(r'(?<![\\$\w])\$(?!\s)([^$\n]+?)(?<!\s)\$(?![\w$])', inline, p)
+    return ''.join(parts)
+
+
+def _link_notebook_names(md, here, known):
+    "`course/03_inside_ddp` or `nbs/course/03_inside_ddp.ipynb` in code becomes a link to its page."
+    def sub(m):
+        rel = f'{m.group(2)}.ipynb'
+        if rel not in known: return m.group(0)
+        return f'[{m.group(1)}]({"../" * len(here.parent.parts)}{rel})'
+    return re.sub(r'(?<!\[)(`(?:nbs/)?((?:course|program)/\d+_\w+)(?:\.ipynb)?`)(?!\])', sub, md)
+
+
+def prepare(nb, rel, known):
+    "The notebook as its page shows it; `rel` is its path under nbs/, `known` every such path."
+    cells = []
+    for cell in nb['cells']:
+        if _hidden(cell): continue
+        if cell['cell_type'] == 'code':
+            cell = _code_cell(cell)
+            if cell is None: continue
+        elif cell['cell_type'] == 'markdown':
+            md = _link_notebook_names(_math(''.join(cell['source'])), rel, known)
+            cell = dict(cell, source=md)
+        cells.append(cell)
+    module = _exported_module(nb)
+    if module and cells:
+        href = Path(*['..'] * len(rel.parent.parts), SOURCE_DIR, PKG.name, module + '.md').as_posix()
+        note = (f'The code exported from this notebook: [`{PKG.name}/{module}`]({href}) '
+                f'(generated by `nbdev_export`; the notebook is the source to edit).')
+        cells.insert(1, {'cell_type': 'markdown', 'id': 'exported-code', 'metadata': {}, 'source': note})
+    return dict(nb, cells=cells)
+
+
+def source_page(py, rel_to_pkg):
+    "A page showing one generated module, with a link back to the notebook it is exported from."
+    text = py.read_text(encoding='utf-8')
+    m = re.search(r'File to edit: \.\./(?:\.\./)*nbs/(\S+?\.ipynb)', text)
+    depth = len(Path(SOURCE_DIR, PKG.name, rel_to_pkg).parent.parts)
+    back = ''
+    if m:
+        nb = m.group(1)
+        back = (f'Generated by `nbdev_export` from [{nb[:-6]}]({"../" * depth}{nb}): '
+                'read and edit the notebook, not this file.\n\n')
+    fence = '`' * max(3, 1 + max((len(r) for r in re.findall(r'`+', text)), default=0))
+    return f'# {PKG.name}/{rel_to_pkg}\n\n{back}{fence}python linenums="1"\n{text}\n{fence}\n'
+
+
+def modules():
+    "The package's modules, as paths relative to the package."
+    return sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob('*.py')
+                  if not p.name.startswith('_') and '__pycache__' not in p.parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# MkDocs events
+
+
+def on_config(config, **kwargs):
+    "Prepare the notebooks and source pages in a scratch folder, and the sidebar in reading order."
+    global _scratch
+    _scratch = Path(tempfile.mkdtemp(prefix='cifar_ddp_site_'))
+    nbs = notebooks()
+    known = {p.relative_to(NBS).as_posix() for p in nbs}
+    nav, sections, meta, titles = [], {}, {}, {}
+    for p in nbs:
+        rel = p.relative_to(NBS)
+        nb = json.loads(p.read_text(encoding='utf-8'))
+        out = _scratch / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(prepare(nb, rel, known), indent=1, ensure_ascii=False) + '\n',
+                       encoding='utf-8')
+        title, question = title_and_question(nb)
+        titles[rel.as_posix()] = f'{_number(p)}{_plain(title)}' if rel.parent.parts else 'Home'
+        if rel.parent == Path('.'):
+            nav.append({'Home': rel.as_posix()})
+            continue
+        meta[rel.as_posix()] = html.escape(_plain(_first_question(question)))
+        section = SECTIONS.get(rel.parent.as_posix(), rel.parent.as_posix())
+        if section not in sections:
+            sections[section] = []
+            nav.append({section: sections[section]})
+        sections[section].append({titles[rel.as_posix()]: rel.as_posix()})
+    source_nav = []
+    for m in modules():
+        page = Path(SOURCE_DIR, PKG.name, m + '.md')
+        (_scratch / page).parent.mkdir(parents=True, exist_ok=True)
+        (_scratch / page).write_text(source_page(PKG / m, m), encoding='utf-8')
+        source_nav.append({m: page.as_posix()})
+    nav.append({"The package's source": source_nav})
+    config['nav'] = nav
+    config['docs_dir'] = str(_scratch)
+    config.extra['questions'], config.extra['titles'] = meta, titles
+    config['extra_css'] = ['assets/notebook.css'] + list(config.get('extra_css', []))
+    return config
+
+
+def on_page_markdown(markdown, page, config, **kwargs):
+    "The question a notebook answers, shown under its title in the sidebar."
+    q = config.extra['questions'].get(page.file.src_uri)
+    if q: page.meta['subtitle'] = q
+    return markdown
+
+
+_ASSET = re.compile(r'<style type="text/css">(.*?)</style>', re.S)
+_REMOTE_SCRIPTS = [
+    re.compile(r'<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->', re.S),
+    re.compile(r'<script type="module">\s*document\.addEventListener\("DOMContentLoaded", async.*?'
+               r'<!-- End of mermaid configuration -->', re.S),
+]
+
+
+_HEADING = re.compile(r'<h([1-6])([^>]*?)\bid="([^"]*)"([^>]*)>(.*?)</h\1>', re.S)
+
+
+def _headings_and_toc(content):
+    """The page with one id per heading, and its table of contents from those ids (the converter's
+    own drops what is in `code` from a heading's id, so its links missed their headings)."""
+    seen, tokens, stack = {}, [], []
+
+    def heading(m):
+        level, old, inner = int(m.group(1)), m.group(3), m.group(5)
+        n = seen.get(old, 0)
+        seen[old] = n + 1
+        new = f'{old}_{n}' if n else old
+        inner = inner.replace(f'href="#{old}"', f'href="#{new}"')
+        name = re.sub(r'<[^>]+>', '', re.sub(r'<a class="anchor-link".*?</a>', '', inner)).strip()
+        token = {'level': level, 'id': new, 'name': name, 'children': []}
+        while stack and stack[-1]['level'] >= level: stack.pop()
+        (stack[-1]['children'] if stack else tokens).append(token)
+        stack.append(token)
+        return f'<h{level}{m.group(2)}id="{new}"{m.group(4)}>{inner}</h{level}>'
+    return _HEADING.sub(heading, content), get_toc(tokens)
+
+
+def on_page_content(content, page, config, files, **kwargs):
+    "Notebook pages: links to notebooks lead to their pages; style sheets shared; no remote scripts."
+    if not page.file.src_uri.endswith('.ipynb'): return content
+    # the notebook's own title, numbered as in the sidebar (the converter drops `code` from it)
+    page.title = config.extra['titles'].get(page.file.src_uri, page.title)
+    for rx in _REMOTE_SCRIPTS: content = rx.sub('', content)
+
+    def css(m):
+        if m.group(1) not in _css: _css.append(m.group(1))
+        return ''
+    content = _ASSET.sub(css, content)
+    content, page.toc = _headings_and_toc(content)
+    # the search box indexes words a reader reads, not the copy button's notice or the heading's ¶
+    for tag in ('<span class="notice" hidden', '<a class="anchor-link"'):
+        content = content.replace(tag, tag + ' data-search-exclude="true"')
+
+    def link(m):
+        url = m.group(2)
+        if re.match(r'[a-z][a-z0-9+.-]*:|/|#', url): return m.group(0)
+        path, _, frag = url.partition('#')
+        stem, dot, ext = path.rpartition('.')
+        if ext not in ('ipynb', 'md'): return m.group(0)
+        return f'{m.group(1)}"{stem}.html{"#" + frag if frag else ""}"'
+    return re.sub(r'(href=)"([^"]*)"', link, content)
+
+
+def on_post_build(config, **kwargs):
+    out = Path(config['site_dir']) / 'assets' / 'notebook.css'
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a formula wider than a phone's screen scrolls instead of being cut off
+    # and a wide screen shows a notebook's 100-character lines without scrolling
+    site_css = ('math[display="block"] { overflow-x: auto; max-width: 100%; }\n'
+                '.md-grid { max-width: 76rem; }')
+    out.write_text('\n'.join(_css + [site_css]), encoding='utf-8')
+
+
+def on_shutdown(**kwargs):
+    if _scratch is not None: shutil.rmtree(_scratch, ignore_errors=True)
