@@ -44,6 +44,9 @@ def print_env(crash_rank:int=-1, linger_s:float=0):
     env = {k: os.environ.get(k) for k in TORCHRUN_VARS}
     # one write: ranks share the pipe, lines must not interleave
     sys.stdout.write(json.dumps(env) + '\n'); sys.stdout.flush()
+    if hold := os.environ.get('DEMO_HOLD'):  # node demos: run until this file is removed
+        while os.path.exists(hold): time.sleep(0.1)
+        return
     if env['TORCHELASTIC_RESTART_COUNT'] != '0': return
     if str(crash_rank) == env['RANK'] or os.environ.get('DEMO_CRASH_NODE') == '1':  # or a node
         print(f"rank {env['RANK']}: simulating a crash (exit 13) on attempt 0", file=sys.stderr,
