@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib, datetime, difflib, html, os, pickle, re, shlex, signal, subprocess, sys
 import tempfile, textwrap, time, traceback
 from pathlib import Path
-import torch
+import psutil, torch
 import torch.distributed as dist
 from ..dist import DistEnv, setup, teardown, in_order, free_port
 
@@ -129,13 +129,25 @@ def exception_lines(text:str) -> list:
     return [l.strip() for l in text.splitlines() if re.match(r'\s*[\w.]+(Error|Exception): ', l)]
 
 # %% ../../nbs/program/12_course_tools.ipynb #7dabf952
-def _stop(p):
-    "End `p` and its process group: SIGTERM (torchrun passes it to its workers), then SIGKILL."
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 5)):
-        try: os.killpg(p.pid, sig)
-        except ProcessLookupError: return
-        try: p.wait(wait); return
-        except subprocess.TimeoutExpired: pass
+def _below(p) -> list:
+    "The processes below `p` (a Popen), at any depth; none once it has been waited for."
+    if p.poll() is not None: return []  # reaped: its pid may already be another process's
+    try: return psutil.Process(p.pid).children(recursive=True)
+    except psutil.NoSuchProcess: return []
+
+def _stop(p, grace_s:float=20):
+    """End `p` and everything it started: SIGTERM to its process group (torchrun passes it on to its
+    workers), then after `grace_s` SIGKILL to the group and to every process found below `p`.
+    torchrun starts each worker in a session of its own, so a signal to torchrun's group misses
+    them, and torchrun waits 30 s for a worker that ignores SIGTERM: kill them by pid."""
+    below = _below(p)  # found first: once torchrun is gone they belong to init
+    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(grace_s)
+    below += _below(p)
+    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
+    for q in below:
+        with contextlib.suppress(psutil.NoSuchProcess): q.kill()
+    p.wait()
 
 def _shown(args) -> str: return 'python ' + shlex.join(map(str, args))
 
@@ -517,10 +529,7 @@ def worker_pids(out:str) -> dict:
 
 def _stop_job(p, pids):
     "Stop torchrun (it stops its workers), then kill any worker still alive (their own sessions)."
-    if p.poll() is None:
-        p.terminate()
-        try: p.wait(10)
-        except subprocess.TimeoutExpired: os.killpg(p.pid, signal.SIGKILL); p.wait()
+    if p.poll() is None: _stop(p, grace_s=10)
     for pid in pids:
         try: os.kill(pid, signal.SIGKILL)
         except ProcessLookupError: pass
