@@ -183,6 +183,8 @@ def _worker(rank, world, port, n, source, name, inputs, logdir, results, release
     torch.set_num_threads(1)
     global LOG
     LOG = Log(os.path.join(logdir, f'rank{rank}.jsonl'))
+    err = os.open(os.path.join(logdir, f'rank{rank}.err'), os.O_WRONLY | os.O_CREAT)
+    os.dup2(err, 2)  # what gloo prints as it aborts the process: read back into the verdict
     try:
         setup('gloo', timeout_s)
         for c in COLLECTIVES: setattr(dist, c, _traced(c, REAL[c]))
@@ -198,6 +200,15 @@ def _worker(rank, world, port, n, source, name, inputs, logdir, results, release
                                          waited=bool(WAITED.search(str(e))))))
     release.wait(3 * timeout_s + 30)  # a rank that is done stays, as it would in training
     teardown()
+
+def _last_words(path) -> str:
+    "The reason C++ gave as it aborted the process (`what():  ...`), if it printed one."
+    with contextlib.suppress(OSError):
+        for line in reversed(open(path, errors='replace').read().splitlines()):
+            if 'what():' in line:
+                said = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', line.split('what():')[1])
+                return said.split('. ')[-2 if '. ' in said else -1].strip()[:160]
+    return ''
 
 def _read_log(path) -> list:
     events = []
@@ -238,7 +249,8 @@ def run_ranks(n:int, source:str, name:str, world:int, inputs:list, timeout_s:flo
         elif kind == 'error': x.update(status='raised', **val)
         elif codes[r] is None: x.update(status='hung', seconds=timeout_s)
         else: x.update(status='died', exitcode=codes[r],
-                       signal=signal.Signals(-codes[r]).name if codes[r] < 0 else None)
+                       signal=signal.Signals(-codes[r]).name if codes[r] < 0 else None,
+                       said=_last_words(os.path.join(logdir, f'rank{r}.err')))
         ranks.append(x)
     shutil.rmtree(logdir, ignore_errors=True)
     return ranks
@@ -300,11 +312,13 @@ def failure(ex:Exercise, case, ranks:list, world:int):
             _where(last) if x['status'] != 'ok' else '')
         if x['status'] == 'ok': lines.append(f"rank {r} returned")
         elif x['status'] == 'raised' and x['waited']:
-            lines.append(f"rank {r} waited{in_} until the checker's short timeout "
-                         f"({x['error']})")
+            why = ("the checker's short timeout" if re.search('[Tt]imed? ?out', x['error'])
+                   else "its partner was gone")
+            lines.append(f"rank {r} waited{in_} until {why} ({x['error']})")
         elif x['status'] == 'raised': lines.append(f"rank {r} raised {x['error']}{in_}")
         elif x['status'] == 'died':
-            lines.append(f"rank {r} was ended by {x['signal']}{in_}" if x['signal'] else
+            said = f" (it said: {x['said']})" if x.get('said') else ''
+            lines.append(f"rank {r} was ended by {x['signal']}{in_}{said}" if x['signal'] else
                          f"rank {r} exited with code {x['exitcode']}{in_}")
         else: lines.append(f"rank {r} had not returned after {x['seconds']:g} s{in_}")
     what = f"on {world} processes, " + '; '.join(lines)
