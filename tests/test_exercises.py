@@ -5,8 +5,8 @@ verdict that names the rank (never a traceback), and an answer that reads the ch
 refused.
 
 The answers are functions of this file, written as a learner would write them in a cell: the
-checker sends their source to the processes, where only torch, dist, nn, F, math, os, contextlib
-and DDP are defined."""
+checker sends their source to the processes, where only torch, dist, nn, F, math, os, random,
+contextlib and DDP are defined."""
 import importlib.util, json, re, time
 import pytest
 from _util import ROOT

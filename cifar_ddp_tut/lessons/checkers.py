@@ -279,8 +279,8 @@ def _call_text(e) -> str:
     op = f", op {e['op']}" if e.get('op') else ''
     return f"dist.{e['fn']} (its call {e['k']}" + (f": shapes {shapes}" if shapes else '') + f"{op})"
 
-ASYNC_HINT = ("with async_op=True the call returns before the collective has finished, and the "
-              "tensor is read too early: call .wait() on the handle it returns before using it.")
+ASYNC_HINT = ("with async_op=True the call may return before the collective has finished, and "
+              "the tensor is read too early: call .wait() on the handle it returns before using it.")
 MEETING = ("a collective is a meeting: every rank must make the same collective calls, in the same "
            "order, even ranks that do not need the result. Look for a collective inside an `if` on "
            "the rank, or one only some ranks reach.")
@@ -301,7 +301,7 @@ def failure(ex:Exercise, case, ranks:list, world:int):
     if ne: return (f"on {world} processes, rank {ne['rank']} raised {ne['error']}",
                    "the checker runs your function's own code in fresh processes: a name defined "
                    "elsewhere in the notebook is not there. Import or define it inside the function "
-                   "(torch, dist, nn, F, math, os, contextlib and DDP are available).")
+                   "(torch, dist, nn, F, math, os, random, contextlib and DDP are there).")
     lines, inside = [], {}
     for x in ranks:
         p, r = pending(x['log']), x['rank']
@@ -558,6 +558,15 @@ class Ex3:
         return [dict(n=world * rng.randint(3, 6) + rem, seed=rng.randrange(1000), epochs=2)
                 for rem in range(world)]
     def inputs(case, rank): return case
+    def torch_says(case, world):
+        "What torch's own sampler gives each rank, epoch by epoch (in the checking process)."
+        from torch.utils.data import DistributedSampler
+        out = []
+        for r in range(world):
+            s = DistributedSampler(range(case['n']), num_replicas=world, rank=r, shuffle=True,
+                                   seed=case['seed'])
+            out.append([(s.set_epoch(e), list(s))[1] for e in range(case['epochs'])])
+        return out
     def run(fn, c):
         out = []
         for e in range(c['epochs']):
@@ -568,7 +577,7 @@ class Ex3:
         n, seed, E = case['n'], case['seed'], range(case['epochs'])
         like = lambda **kw: [[sampler_order(n, world, seed, e, **kw)[r] for e in E]
                              for r in range(world)]
-        ref = like()
+        ref = Ex3.torch_says(case, world)
         if got == ref: return None
         what = f"n={n}, seed={seed} on {world} ranks"
         if any(None in g for g in got): return what + ": a rank got None.", NO_RETURN
