@@ -27,7 +27,8 @@ def exercise_cells():
         cells = json.loads(path.read_text())['cells']
         for a, b in zip(cells, cells[1:]):
             m = re.match(r'\s*#+\s*Exercise (\d+):', ''.join(a['source']))
-            if m and a['cell_type'] == 'markdown': found[int(m[1])] = (path.stem, ''.join(b['source']))
+            if m and a['cell_type'] == 'markdown':
+                found[int(m[1])] = (path.stem, ''.join(b['source']))
     return found
 
 
@@ -183,7 +184,8 @@ def global_mean_no_return(values):
 # ---- exercise 6: accumulate with no_sync
 def accumulate_every_sync(ddp_model, micro_batches, optimizer):
     optimizer.zero_grad()
-    for x, y in micro_batches: (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
+    for x, y in micro_batches:
+        (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
     optimizer.step()
 
 def accumulate_not_divided(ddp_model, micro_batches, optimizer):
@@ -220,7 +222,8 @@ def accumulate_concatenated(ddp_model, micro_batches, optimizer):
 def accumulate_by_hand(ddp_model, micro_batches, optimizer):
     optimizer.zero_grad()
     with ddp_model.no_sync():
-        for x, y in micro_batches: (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
+        for x, y in micro_batches:
+            (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
     for p in ddp_model.parameters():
         dist.all_reduce(p.grad); p.grad /= dist.get_world_size()
     optimizer.step()
@@ -457,6 +460,25 @@ def skip_step(loss):
     return answer(loss)
 ''', 'skip_step')
     out = verdict(capsys, 9, imports_solution)
+    assert 'Exercise 9: refused' in out and "'solutions'" in out, out
+
+
+def test_modules_imported_above_the_function_are_there(capsys, tmp_path):
+    "A learner imports at the top of the cell; the processes import the same modules."
+    waits_for_file = from_source(tmp_path, '''
+import os, time
+def save_and_load(ddp_model, path):
+    if dist.get_rank() == 0: torch.save(ddp_model.module.state_dict(), path)
+    while not os.path.exists(path): time.sleep(0.01)
+    return torch.load(path, map_location='cpu')
+''', 'save_and_load')
+    out = verdict(capsys, 8, waits_for_file)
+    assert 'not yet right' in out and 'a file that exists is not yet complete' in out, out
+    via_module = from_source(tmp_path, '''
+from cifar_ddp_tut.lessons import solutions as s
+def skip_step(loss): return s.skip_step(loss)
+''', 'skip_step')
+    out = verdict(capsys, 9, via_module)
     assert 'Exercise 9: refused' in out and "'solutions'" in out, out
 
 

@@ -4,7 +4,8 @@
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #8f6bc643
 from __future__ import annotations
-import ast, contextlib, inspect, io, json, math, os, pickle, queue, random, re, shutil, signal
+import ast, contextlib, importlib, inspect, io, json, math, os, pickle, queue, random, re, shutil
+import signal
 import tempfile, textwrap, time, tokenize
 from dataclasses import dataclass
 from typing import Callable
@@ -18,9 +19,9 @@ from .tools import forkserver_preload
 
 # %% auto #0
 __all__ = ['EXERCISES', 'FORBIDDEN', 'NAMESPACE', 'WAITED', 'COLLECTIVES', 'REAL', 'LOG', 'ASYNC_HINT', 'MEETING', 'NO_RETURN',
-           'Exercise', 'exercise', 'normalized', 'is_stub', 'forbidden_names', 'compile_function', 'Log', 'note',
-           'ddp_hook', 'run_ranks', 'calls', 'pending', 'unwaited', 'failure', 'verdict', 'check', 'Ex1', 'Ex2',
-           'sampler_order', 'Ex3', 'Ex4', 'Ex5', 'watch_model', 'Ex6', 'Ex7', 'slow_save', 'Ex8', 'Ex9']
+           'Exercise', 'exercise', 'normalized', 'is_stub', 'forbidden_names', 'modules_used', 'compile_function',
+           'Log', 'note', 'ddp_hook', 'run_ranks', 'calls', 'pending', 'unwaited', 'failure', 'verdict', 'check', 'Ex1',
+           'Ex2', 'sampler_order', 'Ex3', 'Ex4', 'Ex5', 'watch_model', 'Ex6', 'Ex7', 'slow_save', 'Ex8', 'Ex9']
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #1ac971ce
 @dataclass
@@ -104,9 +105,18 @@ COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor', 'all_gather
                'isend', 'irecv')
 REAL = {name: getattr(dist, name) for name in COLLECTIVES}  # before any wrapping
 
-def compile_function(source:str, name:str):
+def modules_used(fn) -> dict:
+    "{name: module} for the modules `fn` reads from its cell's globals (`import time` above it)."
+    codes, names = [fn.__code__], set()
+    while codes:
+        c = codes.pop(); names |= set(c.co_names)
+        codes += [k for k in c.co_consts if hasattr(k, 'co_names')]
+    return {k: m.__name__ for k in sorted(names)
+            if type(m := fn.__globals__.get(k)).__name__ == 'module'}
+
+def compile_function(source:str, name:str, modules:dict|None=None):
     "The function `name` defined by `source`, in a namespace holding torch, dist, nn, F, math, DDP."
-    ns = dict(NAMESPACE)
+    ns = dict(NAMESPACE, **{k: importlib.import_module(m) for k, m in (modules or {}).items()})
     exec(compile(textwrap.dedent(source), f'<your {name}>', 'exec'), ns)
     return ns[name]
 
@@ -176,7 +186,8 @@ def _first_line(e:BaseException) -> str:
     first = first.replace('Got the following error when running the callback: ', '')
     return f"{type(e).__name__}: {first.split('. ')[0]}"[:200]
 
-def _worker(rank, world, port, n, source, name, inputs, logdir, results, release, timeout_s):
+def _worker(rank, world, port, n, source, name, modules, inputs, logdir, results, release,
+            timeout_s):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
                       LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS='1')
@@ -188,7 +199,7 @@ def _worker(rank, world, port, n, source, name, inputs, logdir, results, release
     try:
         setup('gloo', timeout_s)
         for c in COLLECTIVES: setattr(dist, c, _traced(c, REAL[c]))
-        fn, out = compile_function(source, name), []
+        fn, out = compile_function(source, name, modules), []
         for i, mine in enumerate(pickle.loads(inputs)):
             LOG.case, LOG.step = i, None
             out.append(EXERCISES[n].run(fn, mine))
@@ -217,14 +228,14 @@ def _read_log(path) -> list:
             with contextlib.suppress(ValueError): events.append(json.loads(line))
     return events
 
-def run_ranks(n:int, source:str, name:str, world:int, inputs:list, timeout_s:float=20,
-              collective_timeout_s:float=4) -> list:
-    "Run exercise `n`'s harness around the learner's function on `world` processes: each rank's outcome."
+def run_ranks(n:int, source:str, name:str, modules:dict, world:int, inputs:list,
+              timeout_s:float=20, collective_timeout_s:float=4) -> list:
+    "Run exercise `n`'s harness around the learner's function on `world` processes: each outcome."
     ctx = torch.multiprocessing.get_context('forkserver')
     results, release, port = ctx.Queue(), ctx.Event(), free_port()
     logdir = tempfile.mkdtemp(prefix='checker-')
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world, port, n, source, name, inputs[r], logdir, results,
+                         args=(r, world, port, n, source, name, modules, inputs[r], logdir, results,
                                release, collective_timeout_s)) for r in range(world)]
     for p in procs: p.start()
     got, start, first_death = {}, time.monotonic(), None
@@ -277,10 +288,11 @@ def _call_text(e) -> str:
     if e['k'] < 0: return e['fn']
     shapes = ' and '.join(f"{s}" for s in e.get('shapes', []))
     op = f", op {e['op']}" if e.get('op') else ''
-    return f"dist.{e['fn']} (its call {e['k']}" + (f": shapes {shapes}" if shapes else '') + f"{op})"
+    shapes = f": shapes {shapes}" if shapes else ''
+    return f"dist.{e['fn']} (its call {e['k']}{shapes}{op})"
 
 ASYNC_HINT = ("with async_op=True the call may return before the collective has finished, and "
-              "the tensor is read too early: call .wait() on the handle it returns before using it.")
+              "the tensor is read too early: call .wait() on the handle it returns, then read.")
 MEETING = ("a collective is a meeting: every rank must make the same collective calls, in the same "
            "order, even ranks that do not need the result. Look for a collective inside an `if` on "
            "the rank, or one only some ranks reach.")
@@ -300,7 +312,8 @@ def failure(ex:Exercise, case, ranks:list, world:int):
     ne = next((x for x in bad if x.get('name_error')), None)
     if ne: return (f"on {world} processes, rank {ne['rank']} raised {ne['error']}",
                    "the checker runs your function's own code in fresh processes: a name defined "
-                   "elsewhere in the notebook is not there. Import or define it inside the function "
+                   "elsewhere in the notebook is not there. Import or define it inside the function"
+                   " "
                    "(torch, dist, nn, F, math, os, random, contextlib and DDP are there).")
     lines, inside = [], {}
     for x in ranks:
@@ -370,10 +383,12 @@ def check(n:int, fn, seed:int|None=None, timeout_s:float=20, collective_timeout_
     except (TypeError, OSError):
         return _say(n, "cannot check this", f"{fn!r} is not a function defined in a cell",
                     "pass the function itself, e.g. check(1, total_images)")
-    names = forbidden_names(source, ex.banned)
+    modules = modules_used(fn)  # `import time` in the cell, above the function
+    names = forbidden_names(source + ''.join(f"\nimport {m}" for m in modules.values()), ex.banned)
     if names:
         return _say(n, "refused", f"your function uses {', '.join(map(repr, names))}: an answer "
-                    "computes its result from its own inputs and collectives, without the checker's "
+                    "computes its result from its own inputs and collectives, without the checker's"
+                    " "
                     "frames, modules or the solutions" + (" (or the class it rebuilds)"
                                                           if ex.banned else '') + ".")
     stub = is_stub(n, source)
@@ -386,11 +401,14 @@ def check(n:int, fn, seed:int|None=None, timeout_s:float=20, collective_timeout_
     for world in ex.worlds:
         cases = shown[world] = ex.cases(rng, world)
         inputs = [pickle.dumps([ex.inputs(c, r) for c in cases]) for r in range(world)]
-        ranks = run_ranks(n, source, fn.__name__, world, inputs, timeout_s, collective_timeout_s)
+        ranks = run_ranks(n, source, fn.__name__, modules, world, inputs, timeout_s,
+                          collective_timeout_s)
         try: bad = verdict(ex, cases, ranks, world)
         except Exception as e:
             bad = (f"on {world} processes the ranks returned what the checker cannot compare "
                    f"({_first_line(e)})", ex.general)
+        for c in cases:  # a folder a case wrote its files to
+            if isinstance(c, dict) and 'dir' in c: shutil.rmtree(c['dir'], ignore_errors=True)
         if stub:
             return _say(n, "not done yet", "as given, " + (bad[0] if bad else "it ran") + ".",
                         "that is what the text above describes; edit the function, run its cell, "
@@ -428,7 +446,8 @@ class Ex1:
     def judge(case, vals, logs, world):
         counts, total = case['counts'], sum(case['counts'])
         if vals == [total] * world: return None
-        got = f"with counts {counts} on {world} ranks, the ranks returned {vals} (the total is {total})"
+        got = (f"with counts {counts} on {world} ranks, the ranks returned {vals} "
+               f"(the total is {total})")
         if None in vals: return got, NO_RETURN
         if vals == counts:
             return got, ("each rank returned its own count: no collective was called." if not
@@ -513,7 +532,8 @@ class Ex2:
                 return what, "no collective was called: each rank kept its own gradient."
             if not any(e.get('changed') for l in logs for e in l if e['ev'] == 'note'):
                 return what, ("your hook left p.grad as it was: all_reduce works in place on the "
-                              "tensor you pass, so pass p.grad itself (or copy the result into it).")
+                              "tensor you pass, so pass p.grad itself (or copy the result into "
+                              "it).")
             return what, None
         ref = Ex2.one_process(case, world, case['lr'])
         if _near(params[0], ref): return None
@@ -607,7 +627,8 @@ class Ex3:
                     "one per rank) and keep a different part of it.")
         return what + f": rank 0 got {got[0][0][:6]}..., torch gives {ref[0][0][:6]}...", None
     def proof(cases):
-        return ("your indices equal torch's DistributedSampler, epoch by epoch, for n = " + '; '.join(
+        return ("your indices equal torch's DistributedSampler, epoch by epoch, for n = "
+                + '; '.join(
             f"{', '.join(str(c['n']) for c in cs)} on {w} ranks" for w, cs in cases.items()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #b06b1e59
@@ -962,7 +983,8 @@ class Ex8:
         path = os.path.join(case['dir'], 'model.pt')
         plain = _net(case['seed'] + 1)
         try: on_disk = torch.load(path, map_location='cpu', weights_only=True)
-        except Exception as e: return what + f": the file {path} does not load ({_first_line(e)}).", None
+        except Exception as e:
+            return what + f": the file {path} does not load ({_first_line(e)}).", None
         try: plain.load_state_dict(on_disk)
         except Exception as e:
             keys = list(on_disk) if isinstance(on_disk, dict) else []
@@ -985,7 +1007,6 @@ class Ex8:
             return (what + ": torch.load without map_location.",
                     "a file saved from cuda:0 loads onto cuda:0 on every rank unless you pass "
                     "map_location (here map_location='cpu').")
-        shutil.rmtree(case['dir'], ignore_errors=True)
         return None
     def proof(cases):
         return ("on " + ' and '.join(f"{w}" for w in cases) + " ranks, with a save that writes "
