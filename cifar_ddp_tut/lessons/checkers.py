@@ -866,7 +866,8 @@ class Ex7:
     general = ("before each step, every rank puts 1 (it has a batch) or 0 in a tensor and "
                "all-reduces it with op=dist.ReduceOp.MIN; all stop when it is 0.")
     def cases(rng, world):
-        counts = rng.sample(range(2, 7), world)   # all different: the shortest is one rank
+        counts = sorted(rng.sample(range(2, 7), world), reverse=True)  # all different
+        counts[1:] = rng.sample(counts[1:], world - 1)  # rank 0 has the most: never the answer
         return [dict(seed=rng.randrange(10**6), counts=counts, per_rank=3, lr=0.5, world=world)]
     def inputs(case, rank):
         X, Y = _batches(case['seed'], max(case['counts']), case['per_rank'] * case['world'])
