@@ -4,7 +4,9 @@
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #8f6bc643
 from __future__ import annotations
-import contextlib, inspect, io, math, os, random, re, tempfile, textwrap, time, tokenize
+import ast, contextlib, importlib, inspect, io, json, math, os, pickle, queue, random, re, shutil
+import signal
+import tempfile, textwrap, time, tokenize
 from dataclasses import dataclass
 from typing import Callable
 import torch
@@ -12,12 +14,14 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from .tools import launch, forkserver_preload
+from ..dist import setup, teardown, free_port
+from .tools import forkserver_preload
 
 # %% auto #0
-__all__ = ['EXERCISES', 'NAMESPACE', 'WAITED', 'WORLDS', 'Exercise', 'exercise', 'normalized', 'is_stub', 'compile_function',
-           'run_learner', 'check']
+__all__ = ['EXERCISES', 'FORBIDDEN', 'NAMESPACE', 'WAITED', 'COLLECTIVES', 'REAL', 'LOG', 'ASYNC_HINT', 'MEETING', 'NO_RETURN',
+           'Exercise', 'exercise', 'normalized', 'is_stub', 'forbidden_names', 'modules_used', 'compile_function',
+           'Log', 'note', 'ddp_hook', 'run_ranks', 'calls', 'pending', 'unwaited', 'failure', 'verdict', 'check', 'Ex1',
+           'Ex2', 'sampler_order', 'Ex3', 'Ex4', 'Ex5', 'watch_model', 'Ex6', 'Ex7', 'slow_save', 'Ex8', 'Ex9']
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #1ac971ce
 @dataclass
@@ -27,19 +31,26 @@ class Exercise:
     title: str
     notebook: str                 # where it is taught
     stub: str                     # the code cell as the learner finds it
-    case: Callable                # case(rng, world) -> the random inputs of one run
-    run: Callable                 # run(env, fn, case) -> this rank's result (in each process)
-    judge: Callable               # judge(case, results, world) -> None if right, else (what, hint)
+    cases: Callable               # cases(rng, world) -> the inputs of one launch (checker only)
+    inputs: Callable              # inputs(case, rank) -> what this rank's process receives
+    run: Callable                 # run(fn, inputs) -> this rank's result (in its process)
+    judge: Callable               # judge(case, values, logs, world) -> None or (what, hint)
     proof: Callable               # proof(cases) -> what a pass has shown
-    waited: str|None = None       # the hint when a rank was left waiting in a collective
+    general: str                  # the hint for a wrong answer no rule recognises
+    worlds: tuple = (2, 3)        # the world sizes it runs on
+    banned: tuple = ()            # names this exercise's answer may not use
+    explain: Callable|None = None # explain(case, logs, world) -> hint (or (what, hint)) or None
+    run_stub: bool = False        # run the untouched stub to show what it does
 
 EXERCISES = {}
 
 def exercise(n, title, notebook, stub):
-    "Register the decorated class's `case`, `run`, `judge`, `proof` (and `waited`) as exercise `n`."
+    "Register the decorated class's functions as exercise `n`."
     def deco(cls):
-        EXERCISES[n] = Exercise(n, title, notebook, textwrap.dedent(stub).strip(), cls.case,
-                                cls.run, cls.judge, cls.proof, getattr(cls, 'waited', None))
+        extra = {k: getattr(cls, k) for k in ('worlds', 'banned', 'explain', 'run_stub')
+                 if hasattr(cls, k)}
+        EXERCISES[n] = Exercise(n, title, notebook, textwrap.dedent(stub).strip(), cls.cases,
+                                cls.inputs, cls.run, cls.judge, cls.proof, cls.general, **extra)
         return cls
     return deco
 
@@ -59,96 +70,363 @@ def is_stub(n:int, source:str) -> bool:
     "Is `source` exercise `n`'s starting code, untouched (comments and spacing aside)?"
     return normalized(source) == normalized(EXERCISES[n].stub)
 
+FORBIDDEN = ('_getframe', 'f_back', 'f_locals', 'f_globals', 'currentframe', 'inspect',
+             'importlib', '__import__', 'cifar_ddp_tut', 'checkers', 'solutions')
+
+def forbidden_names(source:str, banned:tuple=()) -> list:
+    "The names in `source` that reach into the checker or the solutions (docstrings aside)."
+    try: tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError: return []
+    words, found = set(FORBIDDEN) | set(banned), []
+    docs = {id(f.body[0].value) for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.body
+            and isinstance(f.body[0], ast.Expr) and isinstance(f.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Name): names = [node.id]
+        elif isinstance(node, ast.Attribute): names = [node.attr]
+        elif isinstance(node, ast.alias): names = node.name.split('.')
+        elif isinstance(node, ast.ImportFrom): names = (node.module or '').split('.')
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docs):
+            names = [w for w in words if w in node.value]
+        found += [w for w in names if w in words and w not in found]
+    return found
+
 # %% ../../nbs/program/13_exercise_checkers.ipynb #695ab824
 NAMESPACE = dict(torch=torch, dist=dist, nn=nn, F=F, math=math, DDP=DDP, random=random,
-                 contextlib=contextlib)
+                 contextlib=contextlib, os=os)
 WAITED = re.compile(r'[Tt]imed? ?out|Connection (closed|reset)|closed by peer|Broken pipe|'
                     r'Socket Timeout|ECONNRESET|EPIPE')
+COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor', 'all_gather_object',
+               'broadcast', 'broadcast_object_list', 'barrier', 'monitored_barrier', 'reduce',
+               'reduce_scatter', 'reduce_scatter_tensor', 'gather', 'gather_object', 'scatter',
+               'scatter_object_list', 'all_to_all', 'all_to_all_single', 'send', 'recv',
+               'isend', 'irecv')
+REAL = {name: getattr(dist, name) for name in COLLECTIVES}  # before any wrapping
 
-def compile_function(source:str, name:str):
+def modules_used(fn) -> dict:
+    "{name: module} for the modules `fn` reads from its cell's globals (`import time` above it)."
+    codes, names = [fn.__code__], set()
+    while codes:
+        c = codes.pop(); names |= set(c.co_names)
+        codes += [k for k in c.co_consts if hasattr(k, 'co_names')]
+    return {k: m.__name__ for k in sorted(names)
+            if type(m := fn.__globals__.get(k)).__name__ == 'module'}
+
+def compile_function(source:str, name:str, modules:dict|None=None):
     "The function `name` defined by `source`, in a namespace holding torch, dist, nn, F, math, DDP."
-    ns = dict(NAMESPACE)
+    ns = dict(NAMESPACE, **{k: importlib.import_module(m) for k, m in (modules or {}).items()})
     exec(compile(textwrap.dedent(source), f'<your {name}>', 'exec'), ns)
     return ns[name]
 
-def run_learner(env, n:int, source:str, name:str, case) -> dict:
-    "In each process: exercise `n`'s harness around the learner's function; its result or error."
+class Log:
+    "What one rank did, a JSON line per event, in a file that outlives the process if it dies."
+    def __init__(self, path): self.path, self.case, self.step, self.calls = path, 0, None, 0
+    def at(self, step:str):
+        "Say where this rank is (a step, a micro-batch), in the log and in every later event."
+        self.step = step; self.write(ev='at')
+    def write(self, **event):
+        with open(self.path, 'a') as f:
+            f.write(json.dumps(dict(event, case=self.case, step=self.step)) + '\n')
+
+LOG = Log(os.devnull)
+
+def _shapes(args, kw) -> list:
+    out = []
+    for a in [*args, *kw.values()]:
+        if isinstance(a, torch.Tensor): out.append(list(a.shape))
+        elif isinstance(a, (list, tuple)) and a and all(isinstance(x, torch.Tensor) for x in a):
+            out.append([list(x.shape) for x in a])
+    return out
+
+def _op(args, kw):
+    for a in [kw.get('op'), *args]:
+        if type(a).__name__ in ('RedOpType', 'ReduceOp'): return getattr(a, 'name', str(a))
+    return None
+
+class _Work:
+    "The handle of an asynchronous collective, noting whether it was waited for."
+    def __init__(self, work, name, k): self._work, self._name, self._k = work, name, k
+    def wait(self, *a, **kw):
+        LOG.write(ev='wait', fn=self._name, k=self._k)
+        return self._work.wait(*a, **kw)
+    def __getattr__(self, attr):
+        LOG.write(ev='wait', fn=self._name, k=self._k)  # get_future(), is_completed(): used
+        return getattr(self._work, attr)
+
+def _traced(name, real):
+    def call(*args, **kw):
+        LOG.calls += 1; k = LOG.calls
+        LOG.write(ev='call', fn=name, k=k, shapes=_shapes(args, kw), op=_op(args, kw),
+                  async_op=bool(kw.get('async_op')))
+        out = real(*args, **kw)
+        LOG.write(ev='ret', fn=name, k=k)
+        return _Work(out, name, k) if hasattr(out, 'wait') else out
+    return call
+
+def note(**event):
+    "Record a fact about this rank's run (the harness's own events)."
+    LOG.write(ev='note', **event)
+
+def ddp_hook(state, bucket):
+    "DDP's all-reduce of one gradient bucket (the average, as DDP's default), noted in the log."
+    LOG.write(ev='call', fn="DDP's gradient all-reduce", k=-1, bucket=bucket.index())
+    t = bucket.buffer().div_(dist.get_world_size())
+    def done(fut):
+        out = fut.value()[0]  # raises if the all-reduce failed: then it was never left
+        LOG.write(ev='ret', fn="DDP's gradient all-reduce", k=-1, bucket=bucket.index())
+        return out
+    return REAL['all_reduce'](t, async_op=True).get_future().then(done)
+
+# %% ../../nbs/program/13_exercise_checkers.ipynb #c4e1a7d2
+def _first_line(e:BaseException) -> str:
+    first = (str(e).strip().splitlines() or [''])[0]
+    first = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', first)  # torch's build paths
+    first = first.replace('Got the following error when running the callback: ', '')
+    return f"{type(e).__name__}: {first.split('. ')[0]}"[:200]
+
+def _worker(rank, world, port, n, source, name, modules, inputs, logdir, results, release,
+            timeout_s):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS='1')
     torch.set_num_threads(1)
-    try: return dict(value=EXERCISES[n].run(env, compile_function(source, name), case))
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [''])[0]
-        first = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', first)  # torch's build paths
-        first = first.split('. ')[0]  # its first sentence
-        msg = f"{type(e).__name__}: {first}"
-        return dict(error=msg[:300], waited=bool(WAITED.search(str(e))),
-                    name_error=isinstance(e, NameError), todo=isinstance(e, NotImplementedError))
+    global LOG
+    LOG = Log(os.path.join(logdir, f'rank{rank}.jsonl'))
+    err = os.open(os.path.join(logdir, f'rank{rank}.err'), os.O_WRONLY | os.O_CREAT)
+    os.dup2(err, 2)  # what gloo prints as it aborts the process: read back into the verdict
+    try:
+        setup('gloo', timeout_s)
+        for c in COLLECTIVES: setattr(dist, c, _traced(c, REAL[c]))
+        fn, out = compile_function(source, name, modules), []
+        for i, mine in enumerate(pickle.loads(inputs)):
+            LOG.case, LOG.step = i, None
+            out.append(EXERCISES[n].run(fn, mine))
+        results.put((rank, 'ok', pickle.dumps(out)))
+    except BaseException as e:
+        results.put((rank, 'error', dict(error=_first_line(e), case=LOG.case, step=LOG.step,
+                                         todo=isinstance(e, NotImplementedError),
+                                         name_error=isinstance(e, NameError),
+                                         waited=bool(WAITED.search(str(e))))))
+    release.wait(3 * timeout_s + 30)  # a rank that is done stays, as it would in training
+    teardown()
+
+def _last_words(path) -> str:
+    "The reason C++ gave as it aborted the process (`what():  ...`), if it printed one."
+    with contextlib.suppress(OSError):
+        for line in reversed(open(path, errors='replace').read().splitlines()):
+            if 'what():' in line:
+                said = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', line.split('what():')[1])
+                return said.split('. ')[-2 if '. ' in said else -1].strip()[:160]
+    return ''
+
+def _read_log(path) -> list:
+    events = []
+    with contextlib.suppress(OSError):
+        for line in open(path):
+            with contextlib.suppress(ValueError): events.append(json.loads(line))
+    return events
+
+def run_ranks(n:int, source:str, name:str, modules:dict, world:int, inputs:list,
+              timeout_s:float=20, collective_timeout_s:float=4) -> list:
+    "Run exercise `n`'s harness around the learner's function on `world` processes: each outcome."
+    ctx = torch.multiprocessing.get_context('forkserver')
+    results, release, port = ctx.Queue(), ctx.Event(), free_port()
+    logdir = tempfile.mkdtemp(prefix='checker-')
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(r, world, port, n, source, name, modules, inputs[r], logdir, results,
+                               release, collective_timeout_s)) for r in range(world)]
+    for p in procs: p.start()
+    got, start, first_death = {}, time.monotonic(), None
+    while len(got) < world and time.monotonic() - start < timeout_s:
+        try: r, kind, val = results.get(timeout=0.2)
+        except queue.Empty:
+            if any(p.exitcode is not None for r, p in enumerate(procs) if r not in got):
+                first_death = first_death or time.monotonic()  # the others' collectives fail
+                if time.monotonic() - first_death > collective_timeout_s + 2: break
+            continue
+        got[r] = (kind, pickle.loads(val) if kind == 'ok' else val)
+    codes = [p.exitcode for p in procs]  # before the ranks that finished are let go
+    release.set()
+    for p in procs:
+        p.join(timeout=3)
+        if p.is_alive(): p.kill(); p.join()
+    ranks = []
+    for r, p in enumerate(procs):
+        kind, val = got.get(r, (None, None))
+        x = dict(rank=r, log=_read_log(os.path.join(logdir, f'rank{r}.jsonl')))
+        if kind == 'ok': x.update(status='ok', values=val)
+        elif kind == 'error': x.update(status='raised', **val)
+        elif codes[r] is None: x.update(status='hung', seconds=timeout_s)
+        else: x.update(status='died', exitcode=codes[r],
+                       signal=signal.Signals(-codes[r]).name if codes[r] < 0 else None,
+                       said=_last_words(os.path.join(logdir, f'rank{r}.err')))
+        ranks.append(x)
+    shutil.rmtree(logdir, ignore_errors=True)
+    return ranks
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #a05c4c66
-WORLDS = (2, 3)
-
 def _say(n:int, verdict:str, what:str, hint:str|None=None):
     print(f"Exercise {n}: {verdict}\n  {what}" + (f"\n  Hint: {hint}" if hint else ''))
 
-def _common(results:list, world:int, waited_hint:str|None=None):
-    "Failures any exercise can have: an error, a rank left waiting; None if every rank returned."
-    errs = {r: x for r, x in enumerate(results) if 'error' in x}
-    if not errs: return None
-    if any(x['todo'] for x in errs.values()): return 'todo'
-    r, x = min(errs.items())
-    if x['name_error']:
-        return (f"rank {r} raised {x['error']}",
-                "the checker runs your function's own code in fresh processes: a name defined "
-                "elsewhere in the notebook is not there. Import or define it inside the function "
-                "(torch, dist, nn, F, math and DDP are available).")
-    waited = sorted(r for r, x in errs.items() if x['waited'])
-    done = sorted(set(range(world)) - set(errs))
-    if waited:
-        who = f"rank{'s' if len(waited) > 1 else ''} {', '.join(map(str, waited))}"
-        return (f"on {world} processes, {who} waited in a collective "
-                + (f"that rank(s) {', '.join(map(str, done))} never joined" if done else
-                   "that the others did not match")
-                + f", until it gave up ({x['error'][:160]})",
-                waited_hint or "a collective is a meeting: every rank must make the same "
-                "collective calls, in the same order, even the ranks that do not need the result. "
-                "Look for a collective inside an `if` on the rank, or one only some ranks reach.")
-    return (f"on {world} processes, rank {r} raised {x['error']}", None)
+def calls(log:list, fn:str|None=None) -> list:
+    "The collectives the learner's code called (not the harness's, not DDP's), in order."
+    return [e for e in log if e['ev'] == 'call' and e['k'] > 0 and fn in (None, e['fn'])]
 
-def check(n:int, fn, worlds=WORLDS, seed:int|None=None, timeout_s:float=60,
-          collective_timeout_s:float=4):
-    "Run the learner's `fn` for exercise `n` on each world size in `worlds`; print the verdict."
+def pending(log:list):
+    "The collective this rank had entered and not left, if any."
+    inside = []
+    for e in log:
+        if e['ev'] == 'call': inside.append(e)
+        elif e['ev'] == 'ret':
+            same = [c for c in inside if (c['fn'], c['k']) == (e['fn'], e['k'])]
+            if same: inside.remove(same[-1])
+    return inside[-1] if inside else None
+
+def _call_text(e) -> str:
+    if e['k'] < 0: return e['fn']
+    shapes = ' and '.join(f"{s}" for s in e.get('shapes', []))
+    op = f", op {e['op']}" if e.get('op') else ''
+    shapes = f": shapes {shapes}" if shapes else ''
+    return f"dist.{e['fn']} (its call {e['k']}{shapes}{op})"
+
+ASYNC_HINT = ("with async_op=True the call may return before the collective has finished, and "
+              "the tensor is read too early: call .wait() on the handle it returns, then read.")
+MEETING = ("a collective is a meeting: every rank must make the same collective calls, in the same "
+           "order, even ranks that do not need the result. Look for a collective inside an `if` on "
+           "the rank, or one only some ranks reach.")
+
+def unwaited(logs:list) -> bool:
+    "Did some rank start an asynchronous collective and never wait for it?"
+    return any(e['ev'] == 'call' and e.get('async_op') and not any(
+        w['ev'] == 'wait' and w['k'] == e['k'] for w in log) for log in logs for e in log)
+
+def _where(e) -> str:
+    return f" at {e['step']}" if e and e.get('step') else ''
+
+def failure(ex:Exercise, case, ranks:list, world:int):
+    "The verdict when a rank raised, died or hung: who, doing what, and the likely cause."
+    bad = [x for x in ranks if x['status'] != 'ok']
+    if any(x.get('todo') for x in bad): return 'todo'
+    ne = next((x for x in bad if x.get('name_error')), None)
+    if ne: return (f"on {world} processes, rank {ne['rank']} raised {ne['error']}",
+                   "the checker runs your function's own code in fresh processes: a name defined "
+                   "elsewhere in the notebook is not there. Import or define it inside the function"
+                   " "
+                   "(torch, dist, nn, F, math, os, random, contextlib and DDP are there).")
+    lines, inside = [], {}
+    for x in ranks:
+        p, r = pending(x['log']), x['rank']
+        if p: inside[r] = p
+        last = p or dict(step=x.get('step') or next(
+            (e['step'] for e in reversed(x['log']) if e.get('step')), None))
+        in_ = f" in {_call_text(p)}{_where(p)}" if p else (
+            _where(last) if x['status'] != 'ok' else '')
+        if x['status'] == 'ok': lines.append(f"rank {r} returned")
+        elif x['status'] == 'raised' and x['waited']:
+            why = ("the checker's short timeout" if re.search('[Tt]imed? ?out', x['error'])
+                   else "its partner was gone")
+            lines.append(f"rank {r} waited{in_} until {why} ({x['error']})")
+        elif x['status'] == 'raised': lines.append(f"rank {r} raised {x['error']}{in_}")
+        elif x['status'] == 'died':
+            said = f" (it said: {x['said']})" if x.get('said') else ''
+            lines.append(f"rank {r} was ended by {x['signal']}{in_}{said}" if x['signal'] else
+                         f"rank {r} exited with code {x['exitcode']}{in_}")
+        else: lines.append(f"rank {r} had not returned after {x['seconds']:g} s{in_}")
+    what = f"on {world} processes, " + '; '.join(lines)
+    hint = ex.explain(case, [x['log'] for x in ranks], world) if ex.explain else None
+    if isinstance(hint, tuple): what, hint = what + '; ' + hint[0], hint[1]
+    fns = {p['fn'] for p in inside.values()}
+    shapes = {json.dumps(p.get('shapes')) for p in inside.values()}
+    raised = [x for x in bad if x['status'] == 'raised' and not x['waited']]
+    if hint: pass
+    elif len(fns) > 1:
+        hint = ("the ranks were in different collectives at the same time: every rank must make "
+                "the same collective calls in the same order.")
+    elif len(inside) > 1 and len(shapes) > 1:
+        hint = (f"the ranks called dist.{fns.pop()} with tensors of different shapes; gloo checks "
+                "the sizes it receives and raises, times out, or aborts the process (SIGABRT). "
+                "Every rank must pass tensors of the same shape.")
+    elif raised:
+        hint = (f"start from rank {raised[0]['rank']}'s error" + (
+            ": the ranks that waited were waiting for it." if inside else "."))
+    elif any(x['status'] == 'died' and x['signal'] for x in bad):
+        hint = ("a process ended by a signal: SIGABRT is an abort (gloo aborts on a collective "
+                "it cannot complete), SIGKILL is usually the system (out of memory).")
+    elif any(x['status'] == 'died' for x in bad):
+        hint = "a process that exits without returning: sys.exit or os._exit in your function?"
+    elif any(x['status'] == 'hung' and x['rank'] not in inside for x in bad):
+        hint = "a rank that never returns outside any collective: a loop that does not end?"
+    elif inside and len(inside) < world: hint = MEETING
+    return what, hint or ex.general
+
+def verdict(ex:Exercise, cases:list, ranks:list, world:int):
+    "None if every rank's results are right on every case, else (what, hint), or 'todo'."
+    if any(x['status'] != 'ok' for x in ranks):
+        at = lambda x: x.get('case', x['log'][-1]['case'] if x['log'] else 0)
+        i = min(at(x) for x in ranks if x['status'] != 'ok')
+        for x in ranks: x['log'] = [e for e in x['log'] if e['case'] == i]
+        return failure(ex, cases[i], ranks, world)
+    for i, case in enumerate(cases):
+        logs = [[e for e in x['log'] if e['case'] == i] for x in ranks]
+        bad = ex.judge(case, [x['values'][i] for x in ranks], logs, world)
+        if bad: return (bad[0], ASYNC_HINT if unwaited(logs) else bad[1] or ex.general)
+        if unwaited(logs):
+            return (f"on {world} processes the results were right this time, but a collective "
+                    "started with async_op=True was never waited for: a race.", ASYNC_HINT)
+
+def check(n:int, fn, seed:int|None=None, timeout_s:float=20, collective_timeout_s:float=4):
+    "Run the learner's `fn` for exercise `n` on each of its world sizes; print the verdict."
     ex = EXERCISES[n]
     try: source = inspect.getsource(fn)
     except (TypeError, OSError):
         return _say(n, "cannot check this", f"{fn!r} is not a function defined in a cell",
                     "pass the function itself, e.g. check(1, total_images)")
-    if is_stub(n, source):
+    modules = modules_used(fn)  # `import time` in the cell, above the function
+    names = forbidden_names(source + ''.join(f"\nimport {m}" for m in modules.values()), ex.banned)
+    if names:
+        return _say(n, "refused", f"your function uses {', '.join(map(repr, names))}: an answer "
+                    "computes its result from its own inputs and collectives, without the checker's"
+                    " "
+                    "frames, modules or the solutions" + (" (or the class it rebuilds)"
+                                                          if ex.banned else '') + ".")
+    stub = is_stub(n, source)
+    if stub and not ex.run_stub:
         return _say(n, "not done yet", "the function is as given: edit it, run its cell, then "
                     "run this one again.")
     rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(4), 'little'))
     forkserver_preload('cifar_ddp_tut.lessons.checkers')
-    cases = {}
-    for world in worlds:
-        case = cases[world] = ex.case(rng, world)
-        try:
-            results = launch(run_learner, world, n, source, fn.__name__, case, timeout_s=timeout_s,
-                             collective_timeout_s=collective_timeout_s,
-                             start_method='forkserver')
-        except TimeoutError as e:
-            return _say(n, "not yet right", f"on {world} processes: {e}",
-                        "a rank that never returns is usually waiting in a collective that "
-                        "another rank skipped.")
-        bad = _common(results, world, ex.waited)
-        if bad == 'todo': return _say(n, "not done yet", "your function still raises "
-                                      "NotImplementedError: replace that line with your code.")
-        if bad is None: bad = ex.judge(case, [x['value'] for x in results], world)
+    shown = {}
+    for world in ex.worlds:
+        cases = shown[world] = ex.cases(rng, world)
+        inputs = [pickle.dumps([ex.inputs(c, r) for c in cases]) for r in range(world)]
+        ranks = run_ranks(n, source, fn.__name__, modules, world, inputs, timeout_s,
+                          collective_timeout_s)
+        try: bad = verdict(ex, cases, ranks, world)
+        except Exception as e:
+            bad = (f"on {world} processes the ranks returned what the checker cannot compare "
+                   f"({_first_line(e)})", ex.general)
+        for c in cases:  # a folder a case wrote its files to
+            if isinstance(c, dict) and 'dir' in c: shutil.rmtree(c['dir'], ignore_errors=True)
+        if stub:
+            return _say(n, "not done yet", "as given, " + (bad[0] if bad else "it ran") + ".",
+                        "that is what the text above describes; edit the function, run its cell, "
+                        "then run this one again.")
+        if bad == 'todo':
+            return _say(n, "not done yet", "your function still raises NotImplementedError: "
+                        "replace that line with your code.")
         if bad: return _say(n, "not yet right", *bad)
-    _say(n, "passed", ex.proof(cases))
+    _say(n, "passed", ex.proof(shown))
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #00be9494
 def _num(v):
     "A number from what a learner returned (a tensor, an int, a float), or the value itself."
     if isinstance(v, torch.Tensor) and v.numel() == 1: return v.item()
     return v
+
+NO_RETURN = ("your function returned None on some rank: a function that ends without `return` "
+             "returns None.")
 
 @exercise(1, "Every rank at the meeting", 'course/02_process_group', '''
 def total_images(n_mine:int) -> int:
@@ -158,30 +436,40 @@ def total_images(n_mine:int) -> int:
         dist.all_reduce(total)
     return int(total)
 ''')
-class _Ex1:
-    def case(rng, world): return dict(counts=[rng.randint(10, 999) for _ in range(world)])
-    def run(env, fn, case): return _num(fn(case['counts'][env.rank]))
-    def judge(case, vals, world):
+class Ex1:
+    general = ("every rank puts its count in a tensor, calls dist.all_reduce on it (op SUM, the "
+               "default) and returns that tensor's value.")
+    run_stub = True
+    def cases(rng, world): return [dict(counts=rng.sample(range(10, 1000), world))]
+    def inputs(case, rank): return case['counts'][rank]
+    def run(fn, n_mine): return _num(fn(n_mine))
+    def judge(case, vals, logs, world):
         counts, total = case['counts'], sum(case['counts'])
-        if all(v == total for v in vals): return None
+        if vals == [total] * world: return None
         got = (f"with counts {counts} on {world} ranks, the ranks returned {vals} "
                f"(the total is {total})")
+        if None in vals: return got, NO_RETURN
         if vals == counts:
-            return got, "each rank returned its own count: nothing was added up across ranks."
+            return got, ("each rank returned its own count: no collective was called." if not
+                         any(map(calls, logs)) else "all_reduce works in place: return the "
+                         "tensor you passed to it, which now holds the total.")
+        if vals == [counts[0]] * world and any(calls(l, 'broadcast') for l in logs):
+            return got, ("every rank returned rank 0's count: dist.broadcast copies rank 0's "
+                         "tensor to the others; dist.all_reduce adds the ranks' tensors up.")
         if all(isinstance(v, (int, float)) and abs(v - total / world) < 1e-6 for v in vals):
             return got, "that is the mean over ranks (op=AVG, or a division by the world size)."
-        if vals[0] == total:
-            return got, "rank 0 is right, the others are not: every rank must return the total."
         return got, None
     def proof(cases):
         return ("every rank returned the total on " + ' and '.join(
-            f"{len(c['counts'])} processes (counts {c['counts']})" for c in cases.values())
+            f"{w} processes (counts {c[0]['counts']})" for w, c in cases.items())
                 + ": each rank made the same collective call.")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #dcd25bcf
-def _toy_net(seed:int) -> nn.Module:
+def _net(seed:int, bn:bool=False) -> nn.Module:
+    "A small network; with `bn`, a BatchNorm layer whose output depends on the whole batch."
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(8, 16), *([nn.BatchNorm1d(16)] if bn else []), nn.Tanh(),
+                         nn.Linear(16, 4))
 
 def _flat(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -190,48 +478,72 @@ def _batches(seed:int, steps:int, n:int, d:int=8, k:int=4):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(steps, n, d, generator=g), torch.randint(0, k, (steps, n), generator=g)
 
+def _rank_part(X, Y, rank:int, b:int) -> list:
+    "Rank `rank`'s `b` samples of every step of X, Y: [(x, y), ...]."
+    return [(X[s, rank * b:(rank + 1) * b], Y[s, rank * b:(rank + 1) * b])
+            for s in range(len(X))]
+
+def _near(a, b, tol:float=1e-5) -> bool: return (a - b).abs().max().item() < tol
+
 @exercise(2, "The hook at the heart of DDP", 'course/03_inside_ddp', '''
 def average_gradient(p:torch.Tensor):
     "Called by autograd once p.grad holds this rank's gradient: make it the mean over all ranks."
     raise NotImplementedError("your code here")
 ''')
-class _Ex2:
-    def case(rng, world):
-        return dict(seed=rng.randrange(10**6), steps=3, per_rank=rng.randint(2, 6), lr=0.5)
-    def run(env, fn, case):
-        model = _toy_net(case['seed'])
-        for p in model.parameters(): p.register_post_accumulate_grad_hook(fn)
-        opt = torch.optim.SGD(model.parameters(), lr=case['lr'])
-        b = case['per_rank']
-        X, Y = _batches(case['seed'], case['steps'], b * env.world_size)
-        mine = slice(env.rank * b, (env.rank + 1) * b)
-        for s in range(case['steps']):
+class Ex2:
+    general = ("all-reduce p.grad in place on every rank (the sum), then divide it by "
+               "dist.get_world_size(); or all-reduce with op=dist.ReduceOp.AVG.")
+    def cases(rng, world):
+        return [dict(seed=rng.randrange(10**6), steps=2, per_rank=rng.randint(2, 5), lr=0.5,
+                     world=world)]
+    def data(case, world): return _batches(case['seed'], case['steps'], case['per_rank'] * world)
+    def inputs(case, rank):
+        X, Y = Ex2.data(case, case['world'])
+        return dict(state=_net(case['seed']).state_dict(), lr=case['lr'],
+                    batches=_rank_part(X, Y, rank, case['per_rank']))
+    def run(fn, mine):
+        model = _net(0); model.load_state_dict(mine['state'])
+        def hook(p):
+            before = p.grad.clone()
+            fn(p)
+            note(changed=p.grad is not None and not torch.equal(before, p.grad))
+        for p in model.parameters(): p.register_post_accumulate_grad_hook(hook)
+        opt = torch.optim.SGD(model.parameters(), lr=mine['lr'])
+        for s, (x, y) in enumerate(mine['batches']):
+            LOG.at(f"step {s}")
             opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(X[s, mine]), Y[s, mine]).backward()
+            F.cross_entropy(model(x), y).backward()
             opt.step()
         return _flat(model)
     def one_process(case, world, lr):
         "The same steps in one process on the whole global batch: what DDP must equal."
-        model = _toy_net(case['seed'])
+        model = _net(case['seed'])
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        X, Y = _batches(case['seed'], case['steps'], case['per_rank'] * world)
+        X, Y = Ex2.data(case, world)
         for s in range(case['steps']):
             opt.zero_grad(); F.cross_entropy(model(X[s]), Y[s]).backward(); opt.step()
         return _flat(model)
-    def judge(case, params, world):
+    def judge(case, params, logs, world):
         spread = max((p - params[0]).abs().max().item() for p in params)
         if spread > 1e-6:
-            return (f"on {world} processes the ranks' weights differ by up to {spread:.2g} after "
-                    f"{case['steps']} steps: their gradients were not the same.",
-                    "every rank must replace p.grad by the same thing: all-reduce it, in place, on "
-                    "every rank.")
-        ref = _Ex2.one_process(case, world, case['lr'])
-        if (params[0] - ref).abs().max().item() < 1e-5: return None
-        if (params[0] - _Ex2.one_process(case, world, case['lr'] * world)).abs().max() < 1e-5:
-            return (f"on {world} processes the ranks agree, but each step moved the weights as a "
-                    f"{world} times larger learning rate would.",
-                    "all_reduce adds the ranks' gradients; the mean divides by "
-                    "dist.get_world_size() (or use op=dist.ReduceOp.AVG).")
+            what = (f"on {world} processes the ranks' weights differ by up to {spread:.2g} after "
+                    f"{case['steps']} steps: their gradients were not the same")
+            if not any(map(calls, logs)):
+                return what, "no collective was called: each rank kept its own gradient."
+            if not any(e.get('changed') for l in logs for e in l if e['ev'] == 'note'):
+                return what, ("your hook left p.grad as it was: all_reduce works in place on the "
+                              "tensor you pass, so pass p.grad itself (or copy the result into "
+                              "it).")
+            return what, None
+        ref = Ex2.one_process(case, world, case['lr'])
+        if _near(params[0], ref): return None
+        for scale, hint in ((world, "all_reduce adds the ranks' gradients; the mean divides by "
+                            "dist.get_world_size() (or use op=dist.ReduceOp.AVG)."),
+                            (1 / world, "the gradient was divided by the world size twice "
+                             "(op=AVG already divides).")):
+            if _near(params[0], Ex2.one_process(case, world, case['lr'] * scale)):
+                return (f"on {world} processes the ranks agree, but each step moved the weights "
+                        f"as a learning rate {scale:.3g} times as large would.", hint)
         return (f"on {world} processes the weights differ from one process on the whole batch by "
                 f"{(params[0] - ref).abs().max().item():.2g}.", None)
     def proof(cases):
@@ -240,54 +552,84 @@ class _Ex2:
                 + ' and '.join(f"{w} processes" for w in cases) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #3b8c1f07
+def sampler_order(n:int, world:int, seed:int, epoch:int, pad:str='first', split:str='stride',
+                  epoch_seed:bool=True) -> list:
+    "Every rank's indices as DistributedSampler(shuffle=True) gives them, or as a mistake would."
+    g = torch.Generator(); g.manual_seed(seed + (epoch if epoch_seed else 0))
+    order = torch.randperm(n, generator=g).tolist()
+    total = -(-n // world) * world
+    if pad == 'first': order += (order * -(-total // n))[:total - n]
+    elif pad == 'range': order += list(range(total - n))
+    if split == 'stride': return [order[r::world] for r in range(world)]
+    k = -(-len(order) // world)
+    return [order[r * k:(r + 1) * k] for r in range(world)]
+
 @exercise(3, "The order of an epoch", 'course/04_shards_and_metrics', '''
 def epoch_indices(n:int, epoch:int, seed:int=0) -> list:
     "This rank's indices of range(n) in `epoch`, as DistributedSampler(shuffle=True) gives them."
     raise NotImplementedError("your code here")
 ''')
-class _Ex4:
-    def case(rng, world):
-        return dict(n=world * rng.randint(3, 12) + rng.randint(1, world - 1),  # never divides
-                    seed=rng.randrange(1000), epochs=3)
-    def run(env, fn, case):
-        return [[int(i) for i in fn(case['n'], e, case['seed'])] for e in range(case['epochs'])]
-    def torch_says(case, world, **kw):
+class Ex3:
+    banned = ('DistributedSampler',)
+    general = ("g = torch.Generator(); g.manual_seed(seed + epoch); order = torch.randperm(n, "
+               "generator=g).tolist(); pad it with its own first indices to a multiple of the "
+               "world size; return order[rank::world_size].")
+    def cases(rng, world):  # every remainder of n by the world size
+        return [dict(n=world * rng.randint(3, 6) + rem, seed=rng.randrange(1000), epochs=2)
+                for rem in range(world)]
+    def inputs(case, rank): return case
+    def torch_says(case, world):
+        "What torch's own sampler gives each rank, epoch by epoch (in the checking process)."
         from torch.utils.data import DistributedSampler
         out = []
         for r in range(world):
             s = DistributedSampler(range(case['n']), num_replicas=world, rank=r, shuffle=True,
-                                   seed=case['seed'], **kw)
+                                   seed=case['seed'])
             out.append([(s.set_epoch(e), list(s))[1] for e in range(case['epochs'])])
         return out
-    def judge(case, got, world):
-        ref = _Ex4.torch_says(case, world)
+    def run(fn, c):
+        out = []
+        for e in range(c['epochs']):
+            got = fn(c['n'], e, c['seed'])
+            out.append(None if got is None else [int(i) for i in got])
+        return out
+    def judge(case, got, logs, world):
+        n, seed, E = case['n'], case['seed'], range(case['epochs'])
+        like = lambda **kw: [[sampler_order(n, world, seed, e, **kw)[r] for e in E]
+                             for r in range(world)]
+        ref = Ex3.torch_says(case, world)
         if got == ref: return None
-        n, what = case['n'], f"n={case['n']}, seed={case['seed']} on {world} ranks"
-        if all(g[0] == g[1] == g[2] for g in got):
+        what = f"n={n}, seed={seed} on {world} ranks"
+        if any(None in g for g in got): return what + ": a rank got None.", NO_RETURN
+        if got == like(epoch_seed=False):
             return (what + ": every epoch gave each rank the same indices in the same order.",
                     "DistributedSampler seeds its generator with seed + epoch: that is the number "
                     "set_epoch changes.")
-        if [len(g[0]) for g in got] != [len(r[0]) for r in ref]:
+        if got == like(pad='range'):
+            pad, e = -n % world, next(e for e in E if any(g[e] != r[e] for g, r in zip(got, ref)))
+            g = torch.Generator(); g.manual_seed(seed + e)
+            first = torch.randperm(n, generator=g).tolist()[:pad]
+            return (what + f": your padding repeats {list(range(pad))}; torch's sampler repeats "
+                    f"{first} in epoch {e}, the first {pad} of that epoch's permutation.",
+                    "pad with order[:pad], the permutation's own first indices, not range(pad).")
+        if got == like(pad='none'):
             return (what + f": shard sizes {[len(g[0]) for g in got]}, torch's "
                     f"{[len(r[0]) for r in ref]}.",
                     f"with drop_last=False the sampler pads the permutation with its own first "
-                    f"indices up to a multiple of the world size ({-(-n // world) * world} here), "
-                    "then rank r takes every world_size-th index starting at r.")
-        mine, torchs = sorted(sum((g[0] for g in got), [])), sorted(sum((r[0] for r in ref), []))
-        if mine == torchs:
-            return (what + ": the same indices over all ranks as torch, split differently.",
-                    "torch keeps indices[rank::world_size] of the padded permutation, not a block.")
-        if len(set(mine)) < len(set(torchs)):
+                    f"indices up to a multiple of the world size ({-(-n // world) * world} here).")
+        if got == like(split='blocks'):
+            return (what + ": the same indices over all ranks as torch, split in blocks.",
+                    "torch keeps order[rank::world_size] of the padded permutation, not a block.")
+        firsts = [set(g[0]) for g in got]
+        if sum(map(len, firsts)) > len(set().union(*firsts)) + (-n % world):
             return (what + ": in epoch 0 the ranks' shards overlap and miss indices.",
-                    "every rank must draw the same permutation (the same seed, not one per rank) "
-                    "and keep a different part of it.")
-        return (what + f": rank 0 got {got[0][0][:6]}..., torch gives {ref[0][0][:6]}...",
-                "draw torch.randperm(n, generator=g) with g = torch.Generator() seeded by "
-                "g.manual_seed(seed + epoch).")
+                    "every rank must draw the same permutation (the same seed on every rank, not "
+                    "one per rank) and keep a different part of it.")
+        return what + f": rank 0 got {got[0][0][:6]}..., torch gives {ref[0][0][:6]}...", None
     def proof(cases):
-        return ("your indices equal torch's DistributedSampler, epoch by epoch, for "
-                + ' and '.join(
-            f"n={c['n']} on {w} ranks" for w, c in cases.items()) + ".")
+        return ("your indices equal torch's DistributedSampler, epoch by epoch, for n = "
+                + '; '.join(
+            f"{', '.join(str(c['n']) for c in cs)} on {w} ranks" for w, cs in cases.items()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #b06b1e59
 @exercise(4, "A shard without padding", 'course/04_shards_and_metrics', '''
@@ -295,39 +637,60 @@ def my_shard(n:int) -> list:
     "This rank's indices of range(n): each index on exactly one rank, shard sizes within one."
     raise NotImplementedError("your code here")
 ''')
-class _Ex3:
-    def case(rng, world):
-        return dict(n=world * rng.randint(5, 40) + rng.randint(1, world - 1))  # never divides
-    def run(env, fn, case): return [int(i) for i in fn(case['n'])]
-    def judge(case, shards, world):
+class Ex4:
+    worlds = (2, 3, 4)
+    general = ("list(range(rank, n, world_size)): every index once, and the first n % world_size "
+               "ranks hold one more.")
+    def cases(rng, world):  # every remainder of n by the world size
+        return [dict(n=world * rng.randint(3, 9) + rem) for rem in range(world)]
+    def inputs(case, rank): return case['n']
+    def run(fn, n):
+        got = fn(n)
+        return None if got is None else [int(i) for i in got]
+    def judge(case, shards, logs, world):
         n = case['n']
+        got = f"n={n} on {world} ranks"
+        if None in shards: return got + ": a rank returned None.", NO_RETURN
+        sizes, q = [len(s) for s in shards], n // world
+        got += f": shard sizes {sizes}"
         where = {}
         for r, s in enumerate(shards):
             for i in s: where.setdefault(i, []).append(r)
         twice = {i: rs for i, rs in where.items() if len(rs) > 1}
         missing = sorted(set(range(n)) - set(where))
         outside = sorted(set(where) - set(range(n)))
-        got = f"n={n} on {world} ranks: shard sizes {[len(s) for s in shards]}"
-        if all(s == shards[0] for s in shards):
+        if not (twice or missing or outside) and max(sizes) - min(sizes) <= 1: return None
+        if world > 1 and all(s == shards[0] for s in shards):
             return (got + ", every rank returned the same indices.",
                     "use dist.get_rank() and dist.get_world_size() to pick this rank's part.")
         if outside: return got + f"; indices outside range(n): {outside[:5]}", None
-        if twice:
+        if twice and sizes == [-(-n // world)] * world:
             i, rs = next(iter(twice.items()))
             return (got + f"; index {i} is on ranks {rs} ({len(twice)} indices repeated).",
                     "padding the shards to equal length (what DistributedSampler does) counts "
                     "those images twice in an evaluation. Shards may differ in length by one.")
-        if missing:
+        if missing and sizes == [q] * world:
             return (got + f"; indices {missing[:5]} are on no rank ({len(missing)} missing).",
                     f"{n} does not divide by {world}: the last {n % world} indices must go "
                     "somewhere (dropping them is what drop_last=True does).")
-        if max(map(len, shards)) - min(map(len, shards)) > 1:
-            return (got + ": sizes differ by more than one.",
-                    "give each rank n // world_size indices, or one more.")
-        return None
+        if sizes == [q] * (world - 1) + [n - q * (world - 1)]:
+            return (got + ": the last rank holds all of the remainder.",
+                    f"give the {n % world} leftover indices one each to {n % world} ranks, not all "
+                    "to the last one: shards then differ by at most one.")
+        k = -(-n // world)
+        if sizes == [max(0, min(k, n - r * k)) for r in range(world)]:
+            return (got + f": blocks of ceil(n / world_size) = {k} leave the last ranks short.",
+                    "with blocks, rank r starts at r * q + min(r, n % world_size), where q = n // "
+                    "world_size; or take list(range(rank, n, world_size)).")
+        if twice:
+            i, rs = next(iter(twice.items()))
+            return got + f"; index {i} is on ranks {rs}.", None
+        if missing: return got + f"; indices {missing[:5]} are on no rank.", None
+        return got + ": sizes differ by more than one.", None
     def proof(cases):
-        return ("every index on exactly one rank, shard sizes within one, for " + ' and '.join(
-            f"n={c['n']} on {w} ranks" for w, c in cases.items()) + ".")
+        return ("every index on exactly one rank, shard sizes within one, for n = " + '; '.join(
+            f"{', '.join(str(c['n']) for c in cs)} on {w} ranks" for w, cs in cases.items())
+            + " (every remainder).")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #6f470ed1
 @exercise(5, "An exact mean over ranks", 'course/04_shards_and_metrics', '''
@@ -335,104 +698,156 @@ def global_mean(values:torch.Tensor) -> float:
     "The mean of all ranks' values together (ranks hold different numbers of them), on every rank."
     raise NotImplementedError("your code here")
 ''')
-class _Ex5:
-    def case(rng, world):
+class Ex5:
+    general = ("all-reduce a tensor [sum of this rank's values, their count] (float64), then "
+               "divide the total sum by the total count.")
+    def cases(rng, world):
         sizes = rng.sample(range(1, 30), world)   # all different
-        return dict(values=[[rng.uniform(0, 10) for _ in range(k)] for k in sizes])
-    def run(env, fn, case):
-        return float(_num(fn(torch.tensor(case['values'][env.rank], dtype=torch.float64))))
-    def judge(case, got, world):
+        return [dict(values=[[rng.uniform(0, 10) for _ in range(k)] for k in sizes])]
+    def inputs(case, rank): return torch.tensor(case['values'][rank], dtype=torch.float64)
+    def run(fn, values):
+        got = _num(fn(values))
+        return None if got is None else float(got)
+    def judge(case, got, logs, world):
         vs = case['values']
         exact = sum(map(sum, vs)) / sum(map(len, vs))
         close = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
-        if all(close(g, exact) for g in got): return None
+        if all(g is not None and close(g, exact) for g in got): return None
         what = (f"{world} ranks with {[len(v) for v in vs]} values: you returned "
-                f"{[round(g, 4) for g in got]}, the mean of all {sum(map(len, vs))} is {exact:.4f}")
+                f"{[g if g is None else round(g, 4) for g in got]}, the mean of all "
+                f"{sum(map(len, vs))} is {exact:.4f}")
+        if None in got: return what + ".", NO_RETURN
         if all(close(g, sum(sum(v) / len(v) for v in vs) / world) for g in got):
             return (what + " (that is the mean of the per-rank means).",
                     "a mean of means weighs a rank with 3 values like one with 30. All-reduce "
                     "the sum and the count, then divide once.")
         if all(close(g, sum(v) / len(v)) for g, v in zip(got, vs)):
-            return what + " (each rank's own mean).", "nothing was exchanged: all-reduce."
+            return what + " (each rank's own mean).", (
+                "no collective was called: each rank kept its own values." if not any(
+                    map(calls, logs)) else "the all-reduced tensor never reached what you return "
+                "(all_reduce works in place: use the tensor you passed).")
         if all(close(g, sum(map(sum, vs)) / world) for g in got):
             return (what + " (the sum divided by the world size).",
                     "divide by the number of values over all ranks, all-reduced too.")
+        if all(close(g, sum(map(sum, vs)) / len(v)) for g, v in zip(got, vs)):
+            return (what + " (the total sum divided by this rank's own count).",
+                    "all-reduce the count as well as the sum.")
         return what + ".", None
+    def explain(case, logs, world):
+        if any(calls(l, 'all_gather') for l in logs):
+            return ("all_gather needs a tensor of the same shape on every rank, and these ranks "
+                    "hold different numbers of values (gloo raises, or aborts the process). "
+                    "All-reduce a fixed-size [sum, count] instead.")
     def proof(cases):
         return ("every rank returned the exact mean, with " + ' and '.join(
-            f"{[len(v) for v in c['values']]} values on {w} ranks" for w, c in cases.items())
+            f"{[len(v) for v in c[0]['values']]} values on {w} ranks" for w, c in cases.items())
             + ", where a mean of means would not.")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #2be7bece
-def _count_all_reduces(ddp:DDP) -> list:
-    "Register a hook on `ddp` that counts its bucket all-reduces; the counter (a one-item list)."
-    calls = [0]
-    def hook(state, bucket):
-        calls[0] += 1
-        return default_hooks.allreduce_hook(None, bucket)
-    ddp.register_comm_hook(None, hook)
-    return calls
+def watch_model(ddp:DDP, model:nn.Module, optimizer, unit:str='micro-batch'):
+    "Note every forward of `model`, every DDP gradient all-reduce, every step and zero_grad."
+    ddp.register_comm_hook(None, ddp_hook)
+    def forward(module, args):
+        LOG.at(f"{unit} {len(_FORWARDS) + 1}"); _FORWARDS.append(1)
+        note(forward=len(args[0]))
+    _FORWARDS.clear()
+    model.register_forward_pre_hook(forward)
+    for name in ('step', 'zero_grad'):
+        real = getattr(optimizer, name)
+        def wrapped(*a, _real=real, _name=name, **kw):
+            note(**{'optimizer_' + _name: True}); return _real(*a, **kw)
+        setattr(optimizer, name, wrapped)
+
+_FORWARDS = []
 
 @exercise(6, "Accumulate with no_sync", 'course/05_guarantees', '''
 def accumulate(ddp_model, micro_batches:list, optimizer):
-    "One optimizer step on micro_batches [(x, y), ...], equal to one step on all of them at once."
+    "One optimizer step on the mean of the micro-batches' losses [(x, y), ...], one all-reduce."
     raise NotImplementedError("your code here")
 ''')
-class _Ex6:
-    def case(rng, world):
-        return dict(seed=rng.randrange(10**6), k=rng.randint(2, 4), per_rank=rng.randint(2, 5),
-                    lr=0.5)
-    def data(case, world):
-        X, Y = _batches(case['seed'], case['k'], case['per_rank'] * world)
-        return X, Y
-    def run(env, fn, case):
-        model = _toy_net(case['seed'])
+class Ex6:
+    general = ("zero_grad once; for each micro-batch, forward and backward of its loss divided by "
+               "the number of micro-batches, every backward but the last inside "
+               "`with ddp_model.no_sync():`; then one optimizer.step().")
+    def cases(rng, world):
+        return [dict(seed=rng.randrange(10**6), k=3, per_rank=4, lr=0.5, world=world)]
+    def data(case): return _batches(case['seed'], case['k'], case['per_rank'] * case['world'])
+    def inputs(case, rank):
+        X, Y = Ex6.data(case)
+        return dict(state=_net(case['seed'], bn=True).state_dict(), lr=case['lr'],
+                    micro=_rank_part(X, Y, rank, case['per_rank']))
+    def run(fn, mine):
+        model = _net(0, bn=True); model.load_state_dict(mine['state'])
         ddp = DDP(model)
-        calls = _count_all_reduces(ddp)
-        opt = torch.optim.SGD(model.parameters(), lr=case['lr'])
-        X, Y = _Ex6.data(case, env.world_size)
-        b = case['per_rank']; mine = slice(env.rank * b, (env.rank + 1) * b)
-        fn(ddp, [(X[k, mine], Y[k, mine]) for k in range(case['k'])], opt)
-        return dict(params=_flat(model), all_reduces=calls[0])
-    def one_process(case, world, lr, steps_per_micro=False):
-        model = _toy_net(case['seed'])
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        X, Y = _Ex6.data(case, world)
-        if steps_per_micro:
-            for k in range(case['k']):
-                opt.zero_grad(); F.cross_entropy(model(X[k]), Y[k]).backward(); opt.step()
-        else:
-            opt.zero_grad()
-            F.cross_entropy(model(X.flatten(0, 1)), Y.flatten()).backward(); opt.step()
+        opt = torch.optim.SGD(model.parameters(), lr=mine['lr'])
+        watch_model(ddp, model, opt)
+        fn(ddp, mine['micro'], opt)
         return _flat(model)
-    def judge(case, got, world):
+    def one_process(case, lr, concat=False, last_only=False):
+        "Accumulation on every rank's micro-batches in one process (BatchNorm per micro-batch)."
+        model = _net(case['seed'], bn=True)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        X, Y = Ex6.data(case)
+        k, w, b = case['k'], case['world'], case['per_rank']
+        parts = [_rank_part(X, Y, r, b) for r in range(w)]
+        if concat: parts = [[(torch.cat([x for x, _ in p]), torch.cat([y for _, y in p]))]
+                            for p in parts]
+        for r in range(w):
+            for i, (x, y) in enumerate(parts[r]):
+                if last_only and i < len(parts[r]) - 1: continue
+                (F.cross_entropy(model(x), y) / len(parts[r]) / w).backward()
+        opt.step()
+        return _flat(model)
+    def judge(case, ps, logs, world):
         k = case['k']
-        ps = [g['params'] for g in got]
         what = f"{k} micro-batches of {case['per_rank']} images on each of {world} ranks"
+        ev = lambda key: [e for e in logs[0] if e['ev'] == 'note' and key in e]
+        forwards, steps, zeros = ev('forward'), ev('optimizer_step'), ev('optimizer_zero_grad')
+        syncs = [e for e in logs[0] if e['ev'] == 'call' and e['k'] < 0 and e['bucket'] == 0]
+        mine = [c['fn'] for l in logs for c in calls(l)]
         if max((p - ps[0]).abs().max().item() for p in ps) > 1e-6:
             return (what + ": the ranks ended with different weights.",
-                    "the last backward must run outside no_sync(): that is the one whose "
-                    "all-reduce averages the gradients accumulated so far.")
-        near = lambda ref: (ps[0] - ref).abs().max().item() < 1e-5
-        n_ar = got[0]['all_reduces']
-        if near(_Ex6.one_process(case, world, case['lr'])):
-            if n_ar > 1:
-                return (what + f": the right update, but {n_ar} gradient all-reduces.",
-                        "wrap every backward but the last in `with ddp_model.no_sync():`.")
-            return None
-        if near(_Ex6.one_process(case, world, case['lr'] * k)):
-            return (what + f": a step {k} times too large.",
-                    "each micro-batch's loss is a mean over its own images: divide it by the "
-                    "number of micro-batches, so that the summed gradients are the big batch's "
-                    "mean.")
-        if near(_Ex6.one_process(case, world, case['lr'], steps_per_micro=True)):
-            return (what + ": an optimizer step after every micro-batch.",
+                    "every backward ran inside no_sync(), so no gradient was averaged: the last "
+                    "must run outside it." if not syncs and not mine else None)
+        if len(forwards) != k:
+            return (what + f": the model's forward ran {len(forwards)} time(s).",
+                    "one forward on all micro-batches at once is one big batch, not "
+                    "accumulation: it needs the memory accumulation saves, and BatchNorm sees "
+                    "the big batch. Call the model once per micro-batch." if len(forwards) == 1
+                    else f"call the model once per micro-batch ({k} here).")
+        if mine:
+            return (what + f": your code called {sorted(set(mine))} ({len(mine)} calls) and DDP "
+                    f"all-reduced the gradients {len(syncs)} times.",
+                    "DDP's own all-reduce, in the backward outside no_sync(), averages the "
+                    "accumulated gradients (overlapped with the backward): no collective of your "
+                    "own.")
+        if len(steps) != 1:
+            return (what + f": optimizer.step() ran {len(steps)} times.",
                     "step once, after the last backward.")
-        return what + ": the weights differ from one step on the whole batch.", None
+        first = logs[0].index(forwards[0])
+        if any(logs[0].index(z) > first for z in zeros):
+            return (what + ": optimizer.zero_grad() ran after the first micro-batch.",
+                    "zero_grad inside the loop throws away the micro-batches' gradients so far: "
+                    "call it once, before the loop.")
+        if len(syncs) != 1:
+            return (what + f": {len(syncs)} gradient all-reduces in one step.",
+                    "wrap every backward but the last in `with ddp_model.no_sync():`." if syncs
+                    else "the last backward must run outside no_sync().")
+        if _near(ps[0], Ex6.one_process(case, case['lr'])): return None
+        for scale, hint in ((k, "each micro-batch's loss is a mean over its own images: divide "
+                             "it by the number of micro-batches, so that the summed gradients "
+                             "are the mean."),
+                            (1 / world, "DDP's all-reduce already averages over ranks: divide "
+                             "each loss by the number of micro-batches only, not by the world "
+                             "size too.")):
+            if _near(ps[0], Ex6.one_process(case, case['lr'] * scale)):
+                return what + f": a step {scale:.3g} times as large as it should be.", hint
+        return what + ": the weights differ from accumulation on every micro-batch.", None
     def proof(cases):
-        return ("one step equal to one step on the whole batch (within 1e-5), with a single "
-                "gradient all-reduce, for " + ' and '.join(
-            f"{c['k']} micro-batches on {w} ranks" for w, c in cases.items()) + ".")
+        return ("one step equal to accumulating every micro-batch's gradient (within 1e-5), with "
+                "one forward per micro-batch, one DDP gradient all-reduce, no collective of "
+                "your own, for " + ' and '.join(
+            f"{c[0]['k']} micro-batches on {w} ranks" for w, c in cases.items()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #cc6485d5
 @exercise(7, "Stop together", 'course/06_topics', '''
@@ -446,104 +861,158 @@ def train_uneven(ddp_model, batches:list, optimizer) -> int:
         steps += 1
     return steps
 ''')
-class _Ex7:
-    waited = ("the ranks with more batches went on to a step that the others never took, and "
-              "waited in its gradient all-reduce. Before each step, decide together: all-reduce "
-              "whether this rank still has a batch (MIN over ranks); stop when one has not.")
-    def case(rng, world):
-        counts = [rng.randint(2, 6) for _ in range(world)]
-        while len(set(counts)) == 1: counts[rng.randrange(world)] += 1
-        return dict(seed=rng.randrange(10**6), counts=counts, per_rank=3, lr=0.5)
-    def run(env, fn, case):
-        model = _toy_net(case['seed'])
+class Ex7:
+    run_stub = True
+    general = ("before each step, every rank puts 1 (it has a batch) or 0 in a tensor and "
+               "all-reduces it with op=dist.ReduceOp.MIN; all stop when it is 0.")
+    def cases(rng, world):
+        counts = sorted(rng.sample(range(2, 7), world), reverse=True)  # all different
+        counts[1:] = rng.sample(counts[1:], world - 1)  # rank 0 has the most: never the answer
+        return [dict(seed=rng.randrange(10**6), counts=counts, per_rank=3, lr=0.5, world=world)]
+    def inputs(case, rank):
+        X, Y = _batches(case['seed'], max(case['counts']), case['per_rank'] * case['world'])
+        return dict(state=_net(case['seed']).state_dict(), lr=case['lr'],
+                    batches=_rank_part(X, Y, rank, case['per_rank'])[:case['counts'][rank]])
+    def run(fn, mine):
+        model = _net(0); model.load_state_dict(mine['state'])
         ddp = DDP(model)
-        opt = torch.optim.SGD(model.parameters(), lr=case['lr'])
-        b, steps = case['per_rank'], max(case['counts'])
-        X, Y = _batches(case['seed'], steps, b * env.world_size)
-        mine = slice(env.rank * b, (env.rank + 1) * b)
-        took = fn(ddp, [(X[s, mine], Y[s, mine]) for s in range(case['counts'][env.rank])], opt)
-        return dict(steps=_num(took), params=_flat(model))
-    def judge(case, got, world):
+        opt = torch.optim.SGD(model.parameters(), lr=mine['lr'])
+        watch_model(ddp, model, opt, 'step')
+        took = _num(fn(ddp, mine['batches'], opt))
+        return dict(steps=took, params=_flat(model))
+    def hint_from_calls(logs):
+        ops = {c.get('op') for l in logs for c in calls(l)}
+        if 'MAX' in ops or 'SUM' in ops and not 'MIN' in ops:
+            return ("this decision goes on while ANY rank still has a batch (MAX, or a SUM above "
+                    "0): a rank that has run out then has no batch for the step. MIN stops when "
+                    "one rank has run out.")
+        if any(calls(l, 'broadcast') for l in logs):
+            return ("a broadcast gives every rank rank 0's answer; a rank with fewer batches "
+                    "than rank 0 runs out first. Combine every rank's answer: all-reduce with MIN.")
+        if not any(map(calls, logs)):
+            return ("the ranks with more batches went on to a step that the others never took, "
+                    "and waited in its gradient all-reduce. Before each step, decide together: "
+                    "all-reduce whether this rank still has a batch (MIN over ranks).")
+    def explain(case, logs, world): return Ex7.hint_from_calls(logs)
+    def judge(case, got, logs, world):
         counts, low = case['counts'], min(case['counts'])
         what = f"{world} ranks holding {counts} batches"
         steps = [g['steps'] for g in got]
+        if None in steps: return what + ": a rank returned None.", NO_RETURN
         if steps != [low] * world:
-            return (what + f": the ranks took {steps} steps; all must stop after {low}.",
+            return (what + f": the ranks returned {steps} steps; all must stop after {low}.",
                     "each rank returned its own number of batches: count the steps every rank "
-                    "takes together." if steps == counts else None)
-        model = _toy_net(case['seed'])
+                    "takes together." if steps == counts else Ex7.hint_from_calls(logs))
+        model = _net(case['seed'])
         opt = torch.optim.SGD(model.parameters(), lr=case['lr'])
         X, Y = _batches(case['seed'], max(counts), case['per_rank'] * world)
         for s in range(low):
             opt.zero_grad(); F.cross_entropy(model(X[s]), Y[s]).backward(); opt.step()
-        if (got[0]['params'] - _flat(model)).abs().max().item() > 1e-5:
+        if not _near(got[0]['params'], _flat(model)):
             return (what + ": the right number of steps, but the weights differ from those "
                     f"steps on the whole batches.", "train normally on the steps you take.")
         return None
     def proof(cases):
         return ("every rank stopped after the shortest rank's last batch, with the weights of "
                 "those steps on the whole batches, for " + ' and '.join(
-            f"{c['counts']} batches" for c in cases.values()) + ".")
+            f"{c[0]['counts']} batches" for c in cases.values()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #4208abf3
+def slow_save(real_save, obj, f, *args, chunks:int=8, pause_s:float=0.08, **kw):
+    "`torch.save` on a slow disk: the bytes reach the file a chunk at a time."
+    note(save_start=time.time())
+    buf = io.BytesIO(); real_save(obj, buf, *args, **kw); data = buf.getvalue()
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, 'wb') as out:
+            for i in range(chunks):
+                out.write(data[i * len(data) // chunks:(i + 1) * len(data) // chunks])
+                out.flush(); time.sleep(pause_s)
+    else: f.write(data)
+    note(save_end=time.time())
+
 @exercise(8, "Save once, load anywhere", 'course/07_pitfalls', '''
 def save_and_load(ddp_model, path:str) -> dict:
     "Rank 0 saves the weights for a plain model; every rank loads them onto the CPU, returns them."
     raise NotImplementedError("your code here")
 ''')
-class _Ex8:
-    def case(rng, world):
-        return dict(seed=rng.randrange(10**6), dir=tempfile.mkdtemp(prefix='exercise8-'))
-    def run(env, fn, case):
-        model = _toy_net(case['seed'] + env.rank)  # DDP() makes every rank hold rank 0's weights
+class Ex8:
+    general = ("rank 0 saves ddp_model.module.state_dict() (to a temporary name, then os.replace); "
+               "every rank waits at dist.barrier(); then every rank calls "
+               "torch.load(path, map_location='cpu').")
+    def cases(rng, world):
+        return [dict(seed=rng.randrange(10**6), dir=tempfile.mkdtemp(prefix='exercise8-'))]
+    def inputs(case, rank):  # each rank starts from its own weights; DDP() gives it rank 0's
+        return dict(state=_net(case['seed'] + rank).state_dict(),
+                    path=os.path.join(case['dir'], 'model.pt'))
+    def run(fn, mine):
+        model = _net(0); model.load_state_dict(mine['state'])
         ddp = DDP(model)
-        saves, map_locations = [], []
         real_save, real_load = torch.save, torch.load
-        def save(obj, f, *a, **kw):
-            saves.append(str(f))
-            if env.rank == 0: time.sleep(0.5)  # a slow disk: a reader that does not wait fails
-            return real_save(obj, f, *a, **kw)
         def load(f, *a, **kw):
-            map_locations.append(kw.get('map_location', a[0] if a else None))
+            note(load=time.time(), map_location=repr(kw.get('map_location', a[0] if a else None)))
             return real_load(f, *a, **kw)
-        torch.save, torch.load = save, load
-        try: state = fn(ddp, os.path.join(case['dir'], f"model-{env.world_size}.pt"))
-        except FileNotFoundError as e: return dict(too_early=str(e)[:200], saves=len(saves))
+        torch.save = lambda obj, f, *a, **kw: slow_save(real_save, obj, f, *a, **kw)
+        torch.load = load
+        try: state = fn(ddp, mine['path'])
         finally: torch.save, torch.load = real_save, real_load
-        return dict(saves=len(saves), map_location=[repr(m) for m in map_locations],
-                    state={k: v.detach().cpu() for k, v in (state or {}).items()},
-                    expected={k: v.detach() for k, v in model.state_dict().items()})
-    def judge(case, got, world):
+        return None if state is None else {k: v.detach().cpu() for k, v in state.items()}
+    def too_early(logs):
+        "(rank, seconds) of the first load that began before rank 0's save had ended."
+        ends = [e['save_end'] for e in logs[0] if e['ev'] == 'note' and 'save_end' in e]
+        end = max(ends) if ends else math.inf
+        for r, log in enumerate(logs):
+            for e in log:
+                if e['ev'] == 'note' and 'load' in e and e['load'] < end:
+                    return r, end - e['load'] if ends else None
+    EARLY = ("wait for the file with dist.barrier() after rank 0's save, on every rank: a file "
+             "that exists is not yet complete (or write it under a temporary name and rename it).")
+    def explain(case, logs, world):
+        return Ex8.EARLY if Ex8.too_early(logs) else None
+    def judge(case, got, logs, world):
         what = f"on {world} ranks"
-        early = [r for r, g in enumerate(got) if 'too_early' in g]
-        if early:
-            return (what + f", rank {early[0]} looked for the file before rank 0 had written it "
-                    f"({got[early[0]]['too_early']}).",
-                    "after rank 0's save, every rank waits at dist.barrier() before loading.")
-        savers = [r for r, g in enumerate(got) if g['saves']]
+        savers = [r for r, l in enumerate(logs) if any('save_start' in e for e in l)]
         if savers != [0]:
             return (what + f", ranks {savers} called torch.save.",
                     "one file, one writer: save inside `if dist.get_rank() == 0:`." if savers else
                     "rank 0 must save the file.")
-        keys = list(got[0]['state'])
-        if any(k.startswith('module.') for k in keys):
-            return (what + f": the file's keys start with 'module.' ({keys[0]}); a plain model "
-                    "refuses them.", "save ddp_model.module.state_dict(), the model inside "
-                    "the wrapper.")
+        early = Ex8.too_early(logs)
+        if early:
+            r, s = early
+            return (what + f", rank {r} began loading the file " + (
+                f"{s:.2f} s before rank 0's save had finished writing it." if s else
+                "and rank 0 never saved it."), Ex8.EARLY)
+        path = os.path.join(case['dir'], 'model.pt')
+        plain = _net(case['seed'] + 1)
+        try: on_disk = torch.load(path, map_location='cpu', weights_only=True)
+        except Exception as e:
+            return what + f": the file {path} does not load ({_first_line(e)}).", None
+        try: plain.load_state_dict(on_disk)
+        except Exception as e:
+            keys = list(on_disk) if isinstance(on_disk, dict) else []
+            if any(str(k).startswith('module.') for k in keys):
+                return (what + f": the file's keys start with 'module.' ({keys[0]}); a plain "
+                        "model refuses them.", "save ddp_model.module.state_dict(), the model "
+                        "inside the wrapper.")
+            return what + f": a plain model cannot load the file ({_first_line(e)}).", None
+        if not _near(_flat(plain), _flat(_net(case['seed'])), 1e-9):
+            return what + ": the file does not hold rank 0's weights.", None
+        loaders = [r for r, l in enumerate(logs) if any('load' in e for e in l)]
+        if loaders != list(range(world)):
+            return (what + f": ranks {sorted(set(range(world)) - set(loaders))} returned weights "
+                    "without loading the file.", "every rank loads what rank 0 saved.")
         for r, g in enumerate(got):
-            if set(g['state']) != set(g['expected']) or any(
-                    not torch.equal(g['state'][k], g['expected'][k]) for k in g['expected']):
+            if g is None: return what + f": rank {r} returned None.", NO_RETURN
+            if set(g) != set(on_disk) or any(not torch.equal(g[k], on_disk[k]) for k in g):
                 return what + f": rank {r} did not return the saved weights.", None
-        if any(m in ('None',) for g in got for m in g['map_location']) or not all(
-                g['map_location'] for g in got):
+        if any(e['map_location'] == 'None' for l in logs for e in l if 'map_location' in e):
             return (what + ": torch.load without map_location.",
                     "a file saved from cuda:0 loads onto cuda:0 on every rank unless you pass "
                     "map_location (here map_location='cpu').")
         return None
     def proof(cases):
-        return ("on " + ' and '.join(f"{w}" for w in cases) + " ranks: rank 0 alone wrote the "
-                "file, its keys fit a plain model, and every rank loaded it, after the write, "
-                "with map_location.")
+        return ("on " + ' and '.join(f"{w}" for w in cases) + " ranks, with a save that writes "
+                "its file in 8 pieces over 0.6 s: rank 0 alone wrote it, a plain model loads "
+                "it, and every rank read it after the write had ended, with map_location.")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #70d35ea6
 @exercise(9, "Decide together", 'course/08_error_atlas', '''
@@ -551,42 +1020,59 @@ def skip_step(loss:torch.Tensor) -> bool:
     "True on every rank when any rank's loss is not finite (then every rank skips this step)."
     raise NotImplementedError("your code here")
 ''')
-class _Ex9:
-    def case(rng, world):
-        steps = 6
-        losses = [[rng.uniform(0.5, 3.0) for _ in range(steps)] for _ in range(world)]
-        for t in rng.sample(range(steps), 2):  # two bad steps, each on one rank
-            losses[rng.randrange(world)][t] = rng.choice([math.nan, math.inf])
-        return dict(losses=losses)
-    def run(env, fn, case):
+class Ex9:
+    general = ("bad = 1.0 if this rank's loss is not finite (torch.isfinite), else 0.0; all-reduce "
+               "it with op=dist.ReduceOp.MAX; skip if the result is 1.")
+    def cases(rng, world):  # every kind of bad step, on rank 0, on the last rank, on all
+        L = [[rng.uniform(0.5, 3.0) for _ in range(6)] for _ in range(world)]
+        L[0][1], L[-1][2], L[1][3], L[1][4] = math.nan, math.inf, math.nan, -math.inf
+        for r in range(world): L[r][5] = math.nan
+        return [dict(losses=L)]
+    def inputs(case, rank): return case['losses'][rank]
+    def run(fn, losses):
         decisions = []
-        try:
-            for v in case['losses'][env.rank]:
-                skip = bool(_num(fn(torch.tensor(v))))
-                decisions.append(skip)
-                if not skip: dist.all_reduce(torch.ones(3))  # the step's gradient all-reduce
-        except RuntimeError: pass  # ranks out of step: the judge compares their decisions
+        for t, v in enumerate(losses):
+            LOG.at(f"step {t}")
+            got = _num(fn(torch.tensor(v)))
+            decisions.append(None if got is None else bool(got))
+            note(decision=decisions[-1])
+            if not decisions[-1]:  # the step's gradient all-reduce, as training would make
+                LOG.write(ev='call', fn='the step\'s gradient all-reduce', k=-2)
+                REAL['all_reduce'](torch.ones(3))
+                LOG.write(ev='ret', fn='the step\'s gradient all-reduce', k=-2)
         return decisions
-    def judge(case, got, world):
-        ls = case['losses']
-        ref = [any(not math.isfinite(ls[r][t]) for r in range(world)) for t in range(len(ls[0]))]
-        if all(g == ref for g in got): return None
-        t = next(t for t in range(len(ref)) if any(len(g) <= t or g[t] != ref[t] for g in got))
-        if any(len(g) <= t for g in got):
-            return (f"the ranks fell out of step before step {t}.", None)
-        said = {r: got[r][t] for r in range(world)}
+    def diagnose(case, said, logs, world):
+        "(what, hint) for the ranks' decisions so far (`said`, by rank), or None if all right."
+        ls, T = case['losses'], len(case['losses'][0])
+        bad = [[not math.isfinite(ls[r][t]) for t in range(T)] for r in range(world)]
+        ref = [any(b[t] for b in bad) for t in range(T)]
+        wrong = [t for t in range(T) if any(t < len(s) and s[t] != ref[t] for s in said)]
+        if not wrong: return None
+        t = wrong[0]
+        at = {r: s[t] for r, s in enumerate(said) if t < len(s)}
         what = (f"at step {t} the losses were {[ls[r][t] for r in range(world)]}; the ranks "
-                f"decided skip = {said}")
-        if len(set(said.values())) > 1:
-            return (what + ": they disagree, so the ranks that go on wait in the gradient "
+                f"decided skip = {at}; the answer is {ref[t]}")
+        if None in at.values(): return what + ".", NO_RETURN
+        like = lambda d: all(s == d[:len(s)] for s in said)
+        rules = ((bad[0], "rank 0's verdict was given to every rank (a broadcast?): a bad loss "
+                  "on another rank is missed. All-reduce every rank's verdict."),
+                 ([all(b[t] for b in bad) for t in range(T)], "skip when ANY rank saw one: the "
+                  "MAX of the 'not finite' flags, not the MIN."),
+                 ([any(math.isnan(ls[r][t]) for r in range(world)) for t in range(T)],
+                  "inf and -inf are not finite either: torch.isfinite, not only torch.isnan."))
+        for d, hint in rules:
+            if like(d): return what + ".", hint
+        if len(set(at.values())) > 1:
+            return (what + ": the ranks disagree, so the ranks that go on wait in the gradient "
                     "all-reduce for the ones that skipped.",
                     "put each rank's verdict in a tensor and all-reduce it (MAX of 'not finite', "
                     "or a SUM), so that every rank decides on the same number.")
-        all_bad = [all(not math.isfinite(ls[r][u]) for r in range(world)) for u in range(len(ref))]
-        if all(g == all_bad for g in got):
-            return (what + f", the answer is {ref[t]}: you skip only when every rank saw one.",
-                    "skip when any rank did: the MAX of the 'not finite' flags, not the MIN.")
-        return what + f", the answer is {ref[t]}.", None
+        return what + ".", None
+    def decisions(logs): return [[e['decision'] for e in l if 'decision' in e] for l in logs]
+    def explain(case, logs, world):
+        return Ex9.diagnose(case, Ex9.decisions(logs), logs, len(logs))
+    def judge(case, got, logs, world): return Ex9.diagnose(case, got, logs, world)
     def proof(cases):
-        return ("every rank skipped exactly the steps where some rank's loss was nan or inf, on "
+        return ("every rank skipped exactly the steps where some rank's loss was nan, inf or -inf "
+                "(on rank 0, on the last rank, on every rank), on "
                 + ' and '.join(f"{w}" for w in cases) + " ranks.")

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/course/10_solutions.ipynb #c6da24c7
 from __future__ import annotations
-import contextlib, math
+import contextlib, math, os
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -50,7 +50,7 @@ def global_mean(values:torch.Tensor) -> float:
 
 # %% ../../nbs/course/10_solutions.ipynb #cd60e367
 def accumulate(ddp_model, micro_batches:list, optimizer):
-    "One optimizer step on micro_batches [(x, y), ...], equal to one step on all of them at once."
+    "One optimizer step on the mean of the micro-batches' losses [(x, y), ...], one all-reduce."
     k = len(micro_batches)
     optimizer.zero_grad()
     for i, (x, y) in enumerate(micro_batches):
@@ -76,7 +76,9 @@ def train_uneven(ddp_model, batches:list, optimizer) -> int:
 # %% ../../nbs/course/10_solutions.ipynb #904c06ad
 def save_and_load(ddp_model, path:str) -> dict:
     "Rank 0 saves the weights for a plain model; every rank loads them onto the CPU, returns them."
-    if dist.get_rank() == 0: torch.save(ddp_model.module.state_dict(), path)  # no 'module.'
+    if dist.get_rank() == 0:
+        torch.save(ddp_model.module.state_dict(), path + '.part')  # no 'module.' in the keys
+        os.replace(path + '.part', path)  # the name appears only when the file is complete
     dist.barrier()           # nobody reads before rank 0 has finished writing
     return torch.load(path, map_location='cpu', weights_only=True)
 
