@@ -184,6 +184,7 @@ def _first_line(e:BaseException) -> str:
     first = (str(e).strip().splitlines() or [''])[0]
     first = re.sub(r'\[[^\]]*\.(cc|cpp|h|hpp):\d+\]\s*', '', first)  # torch's build paths
     first = first.replace('Got the following error when running the callback: ', '')
+    first = first.removeprefix(f"{type(e).__name__}: ")  # a future's error repeats its type
     return f"{type(e).__name__}: {first.split('. ')[0]}"[:200]
 
 def _worker(rank, world, port, n, source, name, modules, inputs, logdir, results, release,
