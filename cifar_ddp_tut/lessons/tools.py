@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib, datetime, difflib, html, os, pickle, re, shlex, signal, subprocess, sys
 import tempfile, textwrap, time, traceback
 from pathlib import Path
-import psutil, torch
+import torch
 import torch.distributed as dist
-from ..dist import DistEnv, setup, teardown, in_order, free_port
+from ..dist import (DistEnv, setup, teardown, in_order, free_port, start_process,
+                                stop_process)
 
 # %% auto #0
 __all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
@@ -129,40 +130,19 @@ def exception_lines(text:str) -> list:
     return [l.strip() for l in text.splitlines() if re.match(r'\s*[\w.]+(Error|Exception): ', l)]
 
 # %% ../../nbs/program/12_course_tools.ipynb #7dabf952
-def _below(p) -> list:
-    "The processes below `p` (a Popen), at any depth; none once it has been waited for."
-    if p.poll() is not None: return []  # reaped: its pid may already be another process's
-    try: return psutil.Process(p.pid).children(recursive=True)
-    except psutil.NoSuchProcess: return []
-
-def _stop(p, grace_s:float=20):
-    """End `p` and everything it started: SIGTERM to its process group (torchrun passes it on to its
-    workers), then after `grace_s` SIGKILL to the group and to every process found below `p`.
-    torchrun starts each worker in a session of its own, so a signal to torchrun's group misses
-    them, and torchrun waits 30 s for a worker that ignores SIGTERM: kill them by pid."""
-    below = _below(p)  # found first: once torchrun is gone they belong to init
-    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(grace_s)
-    below += _below(p)
-    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
-    for q in below:
-        with contextlib.suppress(psutil.NoSuchProcess): q.kill()
-    p.wait()
-
 def _shown(args) -> str: return 'python ' + shlex.join(map(str, args))
 
 def run_together(cmds, cwd='.', timeout:float=300, gpu:bool=False, show:bool=True) -> list[str]:
     "Start `python *args` for every `args` in `cmds` at once; wait for all; their outputs."
     env = {**os.environ, 'OMP_NUM_THREADS': '1', **({} if gpu else {'CUDA_VISIBLE_DEVICES': ''})}
     files = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')) for _ in cmds]
-    procs = [subprocess.Popen([sys.executable, *map(str, c)], cwd=cwd, env=env, text=True,
-                              stdout=o, stderr=e, start_new_session=True)
+    procs = [start_process([sys.executable, *c], cwd=cwd, env=env, stdout=o, stderr=e)
              for c, (o, e) in zip(cmds, files)]
     deadline, late = time.monotonic() + timeout, []
     for p in procs:
         try: p.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired: late.append(p)
-    for p in procs: _stop(p)  # also a launcher whose partner timed out
+    for p in procs: stop_process(p)  # also a launcher whose partner timed out
     outs = []
     for f in files:
         for x in f: x.seek(0)
@@ -527,25 +507,18 @@ def worker_pids(out:str) -> dict:
     found = re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)
     return {int(r): int(pid) for r, pid in found}
 
-def _stop_job(p, pids):
-    "Stop torchrun (it stops its workers), then kill any worker still alive (their own sessions)."
-    if p.poll() is None: _stop(p, grace_s=10)
-    for pid in pids:
-        try: os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError: pass
-
 def run_job(args:list, timeout_s:float=60, env:dict|None=None,
             launcher:str='torch.distributed.run', on_start=None) -> dict:
     "Run `python -m launcher *args`: rc, stdout, stderr, seconds. Nothing it started survives."
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, '-m', launcher, *map(str, args)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+    p = start_process([sys.executable, '-m', launcher, *args], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE,
+                      env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
     if on_start: on_start(p)
     try: out, err = p.communicate(timeout=timeout_s); rc = p.returncode
     except subprocess.TimeoutExpired:
-        _stop_job(p, []); out, err = p.communicate(); rc = 'killed after timeout'
-    _stop_job(p, worker_pids(out).values())
+        stop_process(p, 10); out, err = p.communicate(); rc = 'killed after timeout'
+    stop_process(p, 10, worker_pids(out).values())
     return dict(rc=rc, out=out, err=err, seconds=time.monotonic() - t0)
 
 # %% ../../nbs/program/12_course_tools.ipynb #bfee4213
@@ -575,7 +548,7 @@ def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0, timeout_s:float=60) -
             lines += p.stdout.readline()
         pids = worker_pids(lines); time.sleep(wait_s)  # every rank is now where it will stay
         for rank in sorted(pids): os.kill(pids[rank], signal.SIGUSR1)
-        time.sleep(0.5); _stop_job(p, pids.values())
+        time.sleep(0.5); stop_process(p, 10, pids.values())
     run_job(['--standalone', f'--nproc_per_node={nproc}', script, '--hang'], timeout_s,
             env=dict(STACK_DIR=str(folder)), on_start=signal_ranks)
     return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
