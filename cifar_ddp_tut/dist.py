@@ -4,8 +4,8 @@
 
 # %% ../nbs/program/02_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import contextlib, os, platform, signal, subprocess, sys, socket, random, time, datetime
-import threading, uuid
+import contextlib, os, pickle, platform, signal, subprocess, sys, socket, random, time, datetime
+import threading, traceback, uuid
 from dataclasses import dataclass, field
 import numpy as np
 import psutil
@@ -20,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 __all__ = ['WorldError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'ConnectFailed', 'attempt_token', 'setup',
            'teardown', 'barrier', 'all_reduce_sum', 'all_reduce_max', 'clock', 'describe_world', 'in_order',
            'seed_everything', 'free_port', 'in_notebook', 'cpu_name', 'hardware', 'LaunchError', 'launch_workers',
-           'torchrun_cmd', 'start_process', 'stop_process']
+           'launch', 'torchrun_cmd', 'start_process', 'stop_process']
 
 # %% ../nbs/program/02_dist.ipynb #7614fc1d
 class WorldError(RuntimeError):
@@ -286,6 +286,60 @@ def launch_workers(fn, nprocs:int, *args, backend:str='auto', group_timeout_s:fl
         signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in old.items(): signal.signal(sig, handler or signal.SIG_DFL)
     return [res[r] for r in range(nprocs)]
+
+# %% ../nbs/program/02_dist.ipynb #a7c1d00c
+def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                      OMP_NUM_THREADS='1')
+    torch.set_num_threads(1)
+    try:
+        env = setup(backend, timeout_s)
+        # plain pickle: torch's queue would send a tensor as shared memory that dies with
+        # this process, so a result read after the worker exited could never arrive
+        try: queue.put((rank, True, pickle.dumps(fn(env, *args))))
+        finally: teardown()
+    except BaseException as e:
+        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
+
+def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
+           collective_timeout_s:float=60.0, start_method:str='spawn'):
+    "Run `fn(env, *args)` on `nprocs` new processes; a list of the results, by rank."
+    import torch.multiprocessing as mp
+    ctx = mp.get_context(start_method)
+    q, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
+                                                      collective_timeout_s), daemon=True)
+             for r in range(nprocs)]
+    for p in procs: p.start()
+    results, errors, deadline = {}, {}, time.monotonic() + timeout_s
+    try:
+        while len(results) + len(errors) < nprocs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = sorted(set(range(nprocs)) - set(results) - set(errors))
+                raise TimeoutError(
+                    f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a "
+                    f"collective that another rank never joined?)")
+            try: rank, ok, val = q.get(timeout=min(left, 1.0))
+            except Exception:
+                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    raise RuntimeError(
+                        f"ranks {dead} died without reporting (exit codes "
+                        f"{[procs[r].exitcode for r in dead]})")
+                continue
+            (results if ok else errors)[rank] = pickle.loads(val) if ok else val
+            if errors: break
+        if errors:
+            r, msg = min(errors.items())
+            raise RuntimeError(f"rank {r} failed: {msg}")
+        return [results[r] for r in range(nprocs)]
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.5)
+            if p.is_alive(): p.kill(); p.join()
 
 # %% ../nbs/program/02_dist.ipynb #a7c1d00a
 def torchrun_cmd(nprocs:int, *args,

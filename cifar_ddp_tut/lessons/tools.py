@@ -4,77 +4,22 @@
 
 # %% ../../nbs/program/12_course_tools.ipynb #efbfbfb2
 from __future__ import annotations
-import contextlib, datetime, difflib, html, os, pickle, re, shlex, signal, subprocess, sys
-import tempfile, textwrap, time, traceback
+import contextlib, datetime, difflib, html, os, re, shlex, signal, subprocess, sys
+import tempfile, textwrap, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from ..dist import (DistEnv, setup, teardown, in_order, free_port, start_process,
-                                stop_process)
+from ..dist import DistEnv, in_order, launch, start_process, stop_process
 
 # %% auto #0
-__all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
-           'run_together', 'run', 'results', 'listing_html', 'diff_html', 'first_line', 'group_with', 'show',
-           'plot_collectives', 'plot_ring', 'show_comparison', 'spread', 'plot_timeline', 'plot_step_times',
-           'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table',
-           'plot_collective_timeline', 'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths',
-           'no_pids', 'error_lines', 'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table',
-           'check_table', 'fit_table', 'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table',
-           'memory_table', 'memory_arithmetic_table', 'hook_table']
-
-# %% ../../nbs/program/12_course_tools.ipynb #188bc9de
-def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                      OMP_NUM_THREADS='1')
-    torch.set_num_threads(1)
-    try:
-        env = setup(backend, timeout_s)
-        # plain pickle: torch's queue would send a tensor as shared memory that dies with
-        # this process, so a result read after the worker exited could never arrive
-        try: queue.put((rank, True, pickle.dumps(fn(env, *args))))
-        finally: teardown()
-    except BaseException as e:
-        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
-
-def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
-           collective_timeout_s:float=60.0, start_method:str='spawn'):
-    "Run `fn(env, *args)` on `nprocs` new processes; a list of the results, by rank."
-    import torch.multiprocessing as mp
-    ctx = mp.get_context(start_method)
-    q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
-                                                      collective_timeout_s), daemon=True)
-             for r in range(nprocs)]
-    for p in procs: p.start()
-    results, errors, deadline = {}, {}, time.monotonic() + timeout_s
-    try:
-        while len(results) + len(errors) < nprocs:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = sorted(set(range(nprocs)) - set(results) - set(errors))
-                raise TimeoutError(
-                    f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a "
-                    f"collective that another rank never joined?)")
-            try: rank, ok, val = q.get(timeout=min(left, 1.0))
-            except Exception:
-                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    raise RuntimeError(
-                        f"ranks {dead} died without reporting (exit codes "
-                        f"{[procs[r].exitcode for r in dead]})")
-                continue
-            (results if ok else errors)[rank] = pickle.loads(val) if ok else val
-            if errors: break
-        if errors:
-            r, msg = min(errors.items())
-            raise RuntimeError(f"rank {r} failed: {msg}")
-        return [results[r] for r in range(nprocs)]
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not errors else 0.5)
-            if p.is_alive(): p.kill(); p.join()
+__all__ = ['whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines', 'run_together',
+           'run', 'results', 'listing_html', 'diff_html', 'first_line', 'group_with', 'show', 'plot_collectives',
+           'plot_ring', 'show_comparison', 'spread', 'plot_timeline', 'plot_step_times', 'plot_epochs',
+           'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table', 'plot_collective_timeline',
+           'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines',
+           'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
+           'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
+           'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #7736759d
 def whoami(env:DistEnv) -> tuple:
