@@ -4,9 +4,11 @@
 
 # %% ../nbs/program/02_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import os, platform, signal, sys, socket, random, time, datetime, threading, uuid
+import contextlib, os, pickle, platform, signal, subprocess, sys, socket, random, time, datetime
+import threading, traceback, uuid
 from dataclasses import dataclass, field
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
@@ -17,7 +19,8 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 # %% auto #0
 __all__ = ['WorldError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'ConnectFailed', 'attempt_token', 'setup',
            'teardown', 'barrier', 'all_reduce_sum', 'all_reduce_max', 'clock', 'describe_world', 'in_order',
-           'seed_everything', 'free_port', 'in_notebook', 'cpu_name', 'hardware', 'LaunchError', 'launch_workers']
+           'seed_everything', 'free_port', 'in_notebook', 'cpu_name', 'hardware', 'LaunchError', 'launch_workers',
+           'launch', 'torchrun_cmd', 'start_process', 'stop_process']
 
 # %% ../nbs/program/02_dist.ipynb #7614fc1d
 class WorldError(RuntimeError):
@@ -283,3 +286,95 @@ def launch_workers(fn, nprocs:int, *args, backend:str='auto', group_timeout_s:fl
         signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in old.items(): signal.signal(sig, handler or signal.SIG_DFL)
     return [res[r] for r in range(nprocs)]
+
+# %% ../nbs/program/02_dist.ipynb #a7c1d00c
+def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+                      OMP_NUM_THREADS='1')
+    torch.set_num_threads(1)
+    try:
+        env = setup(backend, timeout_s)
+        # plain pickle: torch's queue would send a tensor as shared memory that dies with
+        # this process, so a result read after the worker exited could never arrive
+        try: queue.put((rank, True, pickle.dumps(fn(env, *args))))
+        finally: teardown()
+    except BaseException as e:
+        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
+
+def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
+           collective_timeout_s:float=60.0, start_method:str='spawn'):
+    "Run `fn(env, *args)` on `nprocs` new processes; a list of the results, by rank."
+    import torch.multiprocessing as mp
+    ctx = mp.get_context(start_method)
+    q, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
+                                                      collective_timeout_s), daemon=True)
+             for r in range(nprocs)]
+    for p in procs: p.start()
+    results, errors, deadline = {}, {}, time.monotonic() + timeout_s
+    try:
+        while len(results) + len(errors) < nprocs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = sorted(set(range(nprocs)) - set(results) - set(errors))
+                raise TimeoutError(
+                    f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a "
+                    f"collective that another rank never joined?)")
+            try: rank, ok, val = q.get(timeout=min(left, 1.0))
+            except Exception:
+                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    raise RuntimeError(
+                        f"ranks {dead} died without reporting (exit codes "
+                        f"{[procs[r].exitcode for r in dead]})")
+                continue
+            (results if ok else errors)[rank] = pickle.loads(val) if ok else val
+            if errors: break
+        if errors:
+            r, msg = min(errors.items())
+            raise RuntimeError(f"rank {r} failed: {msg}")
+        return [results[r] for r in range(nprocs)]
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.5)
+            if p.is_alive(): p.kill(); p.join()
+
+# %% ../nbs/program/02_dist.ipynb #a7c1d00a
+def torchrun_cmd(nprocs:int, *args,
+                 module:str='cifar_ddp_tut.train',  # what every process runs
+                 launcher_args=(),     # torchrun's own options: --max-restarts=3, --nnodes=2, ...
+                 standalone:bool=True, # --standalone: one node, a rendezvous on a free port
+                ) -> list:
+    "`torchrun [--standalone] --nproc_per_node=nprocs *launcher_args -m module *args`, as a list."
+    launcher = [sys.executable, '-m', 'torch.distributed.run']  # the torchrun of this Python
+    return [*launcher, *(['--standalone'] if standalone else []),
+            f'--nproc_per_node={nprocs}', *map(str, launcher_args), '-m', module, *map(str, args)]
+
+def start_process(cmd:list, **popen_kw) -> subprocess.Popen:
+    "`Popen(cmd)` as text, in a session of its own: `stop_process` signals its whole group."
+    return subprocess.Popen(list(map(str, cmd)), text=True, start_new_session=True, **popen_kw)
+
+def _below(p) -> list:
+    "The processes below `p` (a Popen), at any depth; none once it has been waited for."
+    if p.poll() is not None: return []  # reaped: its pid may already be another process's
+    try: return psutil.Process(p.pid).children(recursive=True)
+    except psutil.NoSuchProcess: return []
+
+def stop_process(p, grace_s:float=20, pids=()):
+    """End `p` and everything it started: SIGTERM to its process group (torchrun passes it on to its
+    workers), then after `grace_s` SIGKILL to the group and to every process found below `p`.
+    torchrun starts each worker in a session of its own, so a signal to torchrun's group misses
+    them, and torchrun waits 30 s for a worker that ignores SIGTERM: kill them by pid. `pids`:
+    workers known by the pids they printed, killed too (once torchrun is gone none is below it)."""
+    below = _below(p)  # found first: once torchrun is gone they belong to init
+    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(grace_s)
+    below += _below(p)
+    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
+    for q in below:
+        with contextlib.suppress(psutil.NoSuchProcess): q.kill()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError): os.kill(pid, signal.SIGKILL)
+    p.wait()

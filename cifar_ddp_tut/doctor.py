@@ -4,13 +4,13 @@
 
 # %% ../nbs/program/11_doctor.ipynb #c0000003
 from __future__ import annotations
-import argparse, json, os, platform, signal, socket, subprocess, sys, tempfile, time
+import argparse, json, os, platform, socket, sys, tempfile, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import (describe_world, clock, in_notebook, cpu_name, launch_workers,
-                                LaunchError)
+from .dist import (describe_world, clock, torchrun_cmd, start_process, stop_process,
+                                in_notebook, cpu_name, launch_workers, LaunchError)
 from .checkpoint import load_checkpoint
 from .report import bench_table
 # `train` and `bench` (torchvision and more) are imported where they are used: the all-reduce
@@ -87,31 +87,23 @@ def _threads_env(nprocs:int) -> dict:
         env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // nprocs))
     return env
 
-def _stop(p, grace_s:float=60):
-    "SIGTERM to torchrun, which stops its workers and waits for them; SIGKILL after `grace_s`."
-    try: os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError: pass
-    try: p.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired: p.kill(); p.wait()
-
 def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None,
                  poll_s:float=0.1):
     "Run `torchrun_cmd(nprocs, *args, module=module)`: (exit code or None if stopped, out, err)."
-    from cifar_ddp_tut.train import torchrun_cmd
     logdir = Path(logdir); logdir.mkdir(parents=True, exist_ok=True)
     with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        p = subprocess.Popen(torchrun_cmd(nprocs, *args, module=module), stdout=out, stderr=err,
-                             text=True, env=_threads_env(nprocs), start_new_session=True)
+        p = start_process(torchrun_cmd(nprocs, *args, module=module), stdout=out, stderr=err,
+                          env=_threads_env(nprocs))
         t0, code = time.monotonic(), None
         try:
             while (code := p.poll()) is None:
-                if stop_when is not None and stop_when(): _stop(p); break
+                if stop_when is not None and stop_when(): stop_process(p, grace_s=60); break
                 if time.monotonic() - t0 > timeout_s:
-                    _stop(p)
+                    stop_process(p, grace_s=60)
                     raise LaunchError(f"did not finish within {timeout_s:.0f} s; raise "
                                       "--timeout_s, or look for a rank stuck in a collective")
                 time.sleep(poll_s)
-        except BaseException: _stop(p); raise
+        except BaseException: stop_process(p, grace_s=60); raise
     return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
 
 def _error_lines(stderr:str, prefix:str) -> str:

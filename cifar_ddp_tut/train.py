@@ -26,20 +26,9 @@ from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unw
                                       load_resumable)
 
 # %% auto #0
-__all__ = ['QUIET_EXIT_WAIT_S', 'torchrun_cmd', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped',
-           'write_output', 'micro_batches_per_epoch', 'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags',
+__all__ = ['QUIET_EXIT_WAIT_S', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped', 'write_output',
+           'micro_batches_per_epoch', 'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags',
            'ignore_stop_signals', 'build_trainer', 'run', 'run_eval', 'main']
-
-# %% ../nbs/program/07_train.ipynb #e0387b96
-def torchrun_cmd(nprocs:int, *args,
-                 module:str='cifar_ddp_tut.train',  # what every process runs
-                 launcher_args=(),     # torchrun's own options: --max-restarts=3, --nnodes=2, ...
-                 standalone:bool=True, # --standalone: one node, a rendezvous on a free port
-                ) -> list:
-    "`torchrun [--standalone] --nproc_per_node=nprocs *launcher_args -m module *args`, as a list."
-    launcher = [sys.executable, '-m', 'torch.distributed.run']  # the torchrun of this Python
-    return [*launcher, *(['--standalone'] if standalone else []),
-            f'--nproc_per_node={nprocs}', *map(str, launcher_args), '-m', module, *map(str, args)]
 
 # %% ../nbs/program/07_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:

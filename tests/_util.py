@@ -2,7 +2,7 @@
 import json, os, subprocess, sys, time
 from pathlib import Path
 import psutil
-from cifar_ddp_tut.train import torchrun_cmd
+from cifar_ddp_tut.dist import start_process, stop_process, torchrun_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT/'config'/'cpu_quickstart.yaml'
@@ -16,8 +16,10 @@ def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=(), module
     "Run `torchrun --standalone --nproc_per_node=nproc -m module *args`; (CompletedProcess, seconds)."
     t0 = time.monotonic()
     cmd = torchrun_cmd(nproc, *args, module=module, launcher_args=launcher_args)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(extra_env), cwd=ROOT)
-    return p, time.monotonic() - t0
+    p = start_process(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(extra_env), cwd=ROOT)
+    try: out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired: stop_process(p, 10); raise  # its workers too
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0
 
 
 def run_module(module, *args, timeout=300):
@@ -44,7 +46,7 @@ def start_torchrun(nproc, *args, log_dir, launcher_args=(), extra_env=None, stan
     n = len(list(log_dir.glob('*.out')))
     out, err = open(log_dir/f'{n}.out', 'w'), open(log_dir/f'{n}.err', 'w')
     cmd = torchrun_cmd(nproc, *args, launcher_args=launcher_args, standalone=standalone)
-    p = subprocess.Popen(cmd, stdout=out, stderr=err, env=_env(extra_env), cwd=ROOT, start_new_session=True)
+    p = start_process(cmd, stdout=out, stderr=err, env=_env(extra_env), cwd=ROOT)
     p.out_path, p.err_path = log_dir/f'{n}.out', log_dir/f'{n}.err'
     return p
 

@@ -4,7 +4,7 @@ import os, signal, subprocess, sys, time
 import pytest
 from _util import (ROOT, QUICKSTART, read_metrics, start_torchrun, children, wait_for, snapshot_value,
                    same_history, small_args as small)
-from cifar_ddp_tut.dist import free_port
+from cifar_ddp_tut.dist import free_port, stop_process
 
 EPOCHS = 4
 KILLS = EPOCHS - 1  # one SIGKILL after each snapshot but the last: max-restarts equals the kills, none to spare
@@ -31,7 +31,7 @@ def test_elastic_restarts_every_time(tmp_path, small_run):
             assert snapshot_value(tmp_path/'run') < EPOCHS, "the run finished before the kill: too fast to interrupt"
         rc = p.wait(300)
     finally:
-        if p.poll() is None: os.killpg(p.pid, signal.SIGKILL)
+        if p.poll() is None: stop_process(p, 0)  # torchrun and its workers
     out, err = p.out_path.read_text(), p.err_path.read_text()
     print(f"{KILLS} kills, {KILLS} restarts, finished in {time.monotonic() - t0:.0f} s")
     assert rc == 0, err[-3000:]

@@ -4,76 +4,22 @@
 
 # %% ../../nbs/program/12_course_tools.ipynb #efbfbfb2
 from __future__ import annotations
-import contextlib, datetime, difflib, html, os, pickle, re, shlex, signal, subprocess, sys
-import tempfile, textwrap, time, traceback
+import contextlib, datetime, difflib, html, os, re, shlex, signal, subprocess, sys
+import tempfile, textwrap, time
 from pathlib import Path
-import psutil, torch
+import torch
 import torch.distributed as dist
-from ..dist import DistEnv, setup, teardown, in_order, free_port
+from ..dist import DistEnv, in_order, launch, start_process, stop_process
 
 # %% auto #0
-__all__ = ['launch', 'whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines',
-           'run_together', 'run', 'results', 'listing_html', 'diff_html', 'first_line', 'group_with', 'show',
-           'plot_collectives', 'plot_ring', 'show_comparison', 'spread', 'plot_timeline', 'plot_step_times',
-           'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table',
-           'plot_collective_timeline', 'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths',
-           'no_pids', 'error_lines', 'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table',
-           'check_table', 'fit_table', 'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table',
-           'memory_table', 'memory_arithmetic_table', 'hook_table']
-
-# %% ../../nbs/program/12_course_tools.ipynb #188bc9de
-def _launch_worker(rank, world_size, port, fn, args, queue, backend, timeout_s):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                      OMP_NUM_THREADS='1')
-    torch.set_num_threads(1)
-    try:
-        env = setup(backend, timeout_s)
-        # plain pickle: torch's queue would send a tensor as shared memory that dies with
-        # this process, so a result read after the worker exited could never arrive
-        try: queue.put((rank, True, pickle.dumps(fn(env, *args))))
-        finally: teardown()
-    except BaseException as e:
-        queue.put((rank, False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
-
-def launch(fn, nprocs:int=2, *args, backend:str='gloo', timeout_s:float=120.0,
-           collective_timeout_s:float=60.0, start_method:str='spawn'):
-    "Run `fn(env, *args)` on `nprocs` new processes; a list of the results, by rank."
-    import torch.multiprocessing as mp
-    ctx = mp.get_context(start_method)
-    q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_launch_worker, args=(r, nprocs, port, fn, args, q, backend,
-                                                      collective_timeout_s), daemon=True)
-             for r in range(nprocs)]
-    for p in procs: p.start()
-    results, errors, deadline = {}, {}, time.monotonic() + timeout_s
-    try:
-        while len(results) + len(errors) < nprocs:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = sorted(set(range(nprocs)) - set(results) - set(errors))
-                raise TimeoutError(
-                    f"ranks {late} did not finish within {timeout_s:.0f} s (a rank waiting in a "
-                    f"collective that another rank never joined?)")
-            try: rank, ok, val = q.get(timeout=min(left, 1.0))
-            except Exception:
-                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    raise RuntimeError(
-                        f"ranks {dead} died without reporting (exit codes "
-                        f"{[procs[r].exitcode for r in dead]})")
-                continue
-            (results if ok else errors)[rank] = pickle.loads(val) if ok else val
-            if errors: break
-        if errors:
-            r, msg = min(errors.items())
-            raise RuntimeError(f"rank {r} failed: {msg}")
-        return [results[r] for r in range(nprocs)]
-    finally:
-        for p in procs:
-            p.join(timeout=5 if not errors else 0.5)
-            if p.is_alive(): p.kill(); p.join()
+__all__ = ['whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines', 'run_together',
+           'run', 'results', 'listing_html', 'diff_html', 'first_line', 'group_with', 'show', 'plot_collectives',
+           'plot_ring', 'show_comparison', 'spread', 'plot_timeline', 'plot_step_times', 'plot_epochs',
+           'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'timeline_table', 'plot_collective_timeline',
+           'plot_shard_grid', 'write_script', 'worker_pids', 'run_job', 'strip_paths', 'no_pids', 'error_lines',
+           'dump_stacks', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
+           'bucket_check_table', 'plot_predictions', 'prediction_table', 'what_if_table', 'memory_table',
+           'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/12_course_tools.ipynb #7736759d
 def whoami(env:DistEnv) -> tuple:
@@ -129,40 +75,19 @@ def exception_lines(text:str) -> list:
     return [l.strip() for l in text.splitlines() if re.match(r'\s*[\w.]+(Error|Exception): ', l)]
 
 # %% ../../nbs/program/12_course_tools.ipynb #7dabf952
-def _below(p) -> list:
-    "The processes below `p` (a Popen), at any depth; none once it has been waited for."
-    if p.poll() is not None: return []  # reaped: its pid may already be another process's
-    try: return psutil.Process(p.pid).children(recursive=True)
-    except psutil.NoSuchProcess: return []
-
-def _stop(p, grace_s:float=20):
-    """End `p` and everything it started: SIGTERM to its process group (torchrun passes it on to its
-    workers), then after `grace_s` SIGKILL to the group and to every process found below `p`.
-    torchrun starts each worker in a session of its own, so a signal to torchrun's group misses
-    them, and torchrun waits 30 s for a worker that ignores SIGTERM: kill them by pid."""
-    below = _below(p)  # found first: once torchrun is gone they belong to init
-    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired): p.wait(grace_s)
-    below += _below(p)
-    with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGKILL)
-    for q in below:
-        with contextlib.suppress(psutil.NoSuchProcess): q.kill()
-    p.wait()
-
 def _shown(args) -> str: return 'python ' + shlex.join(map(str, args))
 
 def run_together(cmds, cwd='.', timeout:float=300, gpu:bool=False, show:bool=True) -> list[str]:
     "Start `python *args` for every `args` in `cmds` at once; wait for all; their outputs."
     env = {**os.environ, 'OMP_NUM_THREADS': '1', **({} if gpu else {'CUDA_VISIBLE_DEVICES': ''})}
     files = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')) for _ in cmds]
-    procs = [subprocess.Popen([sys.executable, *map(str, c)], cwd=cwd, env=env, text=True,
-                              stdout=o, stderr=e, start_new_session=True)
+    procs = [start_process([sys.executable, *c], cwd=cwd, env=env, stdout=o, stderr=e)
              for c, (o, e) in zip(cmds, files)]
     deadline, late = time.monotonic() + timeout, []
     for p in procs:
         try: p.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired: late.append(p)
-    for p in procs: _stop(p)  # also a launcher whose partner timed out
+    for p in procs: stop_process(p)  # also a launcher whose partner timed out
     outs = []
     for f in files:
         for x in f: x.seek(0)
@@ -527,25 +452,18 @@ def worker_pids(out:str) -> dict:
     found = re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)
     return {int(r): int(pid) for r, pid in found}
 
-def _stop_job(p, pids):
-    "Stop torchrun (it stops its workers), then kill any worker still alive (their own sessions)."
-    if p.poll() is None: _stop(p, grace_s=10)
-    for pid in pids:
-        try: os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError: pass
-
 def run_job(args:list, timeout_s:float=60, env:dict|None=None,
             launcher:str='torch.distributed.run', on_start=None) -> dict:
     "Run `python -m launcher *args`: rc, stdout, stderr, seconds. Nothing it started survives."
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, '-m', launcher, *map(str, args)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
+    p = start_process([sys.executable, '-m', launcher, *args], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE,
+                      env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
     if on_start: on_start(p)
     try: out, err = p.communicate(timeout=timeout_s); rc = p.returncode
     except subprocess.TimeoutExpired:
-        _stop_job(p, []); out, err = p.communicate(); rc = 'killed after timeout'
-    _stop_job(p, worker_pids(out).values())
+        stop_process(p, 10); out, err = p.communicate(); rc = 'killed after timeout'
+    stop_process(p, 10, worker_pids(out).values())
     return dict(rc=rc, out=out, err=err, seconds=time.monotonic() - t0)
 
 # %% ../../nbs/program/12_course_tools.ipynb #bfee4213
@@ -575,7 +493,7 @@ def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0, timeout_s:float=60) -
             lines += p.stdout.readline()
         pids = worker_pids(lines); time.sleep(wait_s)  # every rank is now where it will stay
         for rank in sorted(pids): os.kill(pids[rank], signal.SIGUSR1)
-        time.sleep(0.5); _stop_job(p, pids.values())
+        time.sleep(0.5); stop_process(p, 10, pids.values())
     run_job(['--standalone', f'--nproc_per_node={nproc}', script, '--hang'], timeout_s,
             env=dict(STACK_DIR=str(folder)), on_start=signal_ranks)
     return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
