@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..dist import DistEnv
-from .tools import first_line, group_with, show
+from .tools import first_line, group_with
+from .figures import show
 
 # %% auto #0
 __all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused', 'load_next_batch',
