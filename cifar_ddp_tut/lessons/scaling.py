@@ -15,23 +15,19 @@ from ..model import build_model
 from ..doctor import allreduce_rows
 
 # %% auto #0
-__all__ = ['SMALL', 'NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'BUCKET_DIFFS',
-           'FABRICS', 'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'small_model', 'n_params',
-           'grad_bytes', 'ddp_buckets', 'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd',
-           'train_step', 'rank_batch', 'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce',
-           'calibration_rows', 'fit_here', 'system_busbw', 'published_cases', 'published_buckets', 'model_step',
-           'fit_kind', 'predict_case', 'check_published', 'skill_table', 'skill_markdown', 'bucket_check',
-           'step_times_worker', 'expected_max', 'growth_curves', 'plot_straggler', 'predict', 'checked_range',
-           'scaling_rows', 'prediction_markdown', 'powersgd_bytes', 'what_if', 'build_parallel', 'optimizer_bytes',
-           'activation_bytes', 'full_params', 'largest_unit_bytes', 'compare_worker', 'memory_per_rank', 'memory_grid',
-           'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
+__all__ = ['NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'BUCKET_DIFFS', 'FABRICS',
+           'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'n_params', 'grad_bytes',
+           'ddp_buckets', 'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd', 'full_step',
+           'rank_batch', 'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce', 'calibration_rows',
+           'fit_here', 'system_busbw', 'published_cases', 'published_buckets', 'model_step', 'fit_kind', 'predict_case',
+           'check_published', 'skill_table', 'skill_markdown', 'bucket_check', 'step_times_worker', 'expected_max',
+           'growth_curves', 'plot_straggler', 'predict', 'checked_range', 'scaling_rows', 'prediction_markdown',
+           'powersgd_bytes', 'what_if', 'build_parallel', 'optimizer_bytes', 'activation_bytes', 'full_params',
+           'largest_unit_bytes', 'compare_worker', 'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook',
+           'fidelity_hook', 'hook_worker']
 
 # %% ../../nbs/course/09_scaling.ipynb #05bd6bd3
-SMALL = dict(model='resnet18', pretrained=False, image_size=32, resize_size=36, num_classes=10)
-
-def small_model() -> torch.nn.Module:
-    "The project's small CPU model (ResNet-18, 10 classes), built by `build_model`."
-    return build_model(load_config(None, SMALL))
+from .machinery import resnet18_10  # course/03's ResNet-18, 10 classes
 
 def n_params(model) -> int: return sum(p.numel() for p in model.parameters())
 
@@ -112,8 +108,8 @@ SGD_KW = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)  # the quickstart's opti
 
 def sgd(params): return torch.optim.SGD(params, **SGD_KW)
 
-def train_step(model, opt, x, y) -> torch.Tensor:
-    "The project's step: cross-entropy, backward (DDP all-reduces inside it), an optimizer step."
+def full_step(model, opt, x, y) -> torch.Tensor:
+    "A whole optimizer step on (x, y): cross-entropy, backward (DDP all-reduces inside), step."
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x).float(), y)
     loss.backward(); opt.step()
@@ -130,8 +126,7 @@ def record_buckets(env, steps:int=3, **ddp_kw) -> list:
     def hook(sizes, bucket):
         sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
         return allreduce_hook(None, bucket)
-    torch.manual_seed(0)
-    model, sizes, out = DDP(small_model(), **ddp_kw), [], []
+    model, sizes, out = DDP(resnet18_10(0), **ddp_kw), [], []
     model.register_comm_hook(sizes, hook)
     for s in range(steps):
         x, y = rank_batch(env.rank, s, 2)
@@ -141,8 +136,7 @@ def record_buckets(env, steps:int=3, **ddp_kw) -> list:
 
 def time_steps(rank:int, batches, repeats:int, group=None) -> list:
     "Seconds of plain and of DDP steps on the ranks of `group`, alternately, per batch."
-    torch.manual_seed(0)
-    bare, model = small_model(), DDP(small_model(), process_group=group)
+    bare, model = resnet18_10(0), DDP(resnet18_10(0), process_group=group)
     kinds = {'plain': (bare, sgd(bare.parameters())), 'ddp': (model, sgd(model.parameters()))}
     rows = []
     for b in batches:
@@ -151,7 +145,7 @@ def time_steps(rank:int, batches, repeats:int, group=None) -> list:
         for i in range(repeats + 1):  # the first round warms up
             for kind, (m, opt) in kinds.items():
                 dist.barrier(group); t = time.perf_counter()
-                train_step(m, opt, x, y)
+                full_step(m, opt, x, y)
                 if i: times[kind].append(time.perf_counter() - t)
         slowest = {k: torch.tensor(v, dtype=torch.float64) for k, v in times.items()}
         for t in slowest.values(): dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
@@ -463,8 +457,7 @@ KINDS = ('ddp', 'zero', 'fsdp')
 
 def build_parallel(kind:str, seed:int=0):
     "(training model, bare model, optimizer) of the small model as DDP, DDP + ZeRO, or FSDP2."
-    torch.manual_seed(seed)
-    bare = small_model()
+    bare = resnet18_10(seed)
     if kind == 'fsdp':
         from torch.distributed.fsdp import fully_shard
         for block in (bare.layer1, bare.layer2, bare.layer3, bare.layer4): fully_shard(block)
@@ -514,11 +507,11 @@ def compare_worker(env, kinds=KINDS, steps:int=3, batch:int=8) -> dict:
     "In every process: per kind, bytes this rank holds after `steps` steps, max |param - DDP's|."
     x, out, ref = rank_batch(env.rank, 0, batch)[0], {}, None
     # activations: the same for all three (none shards the batch's activations)
-    plain = small_model()
+    plain = resnet18_10(0)
     acts, unit = activation_bytes(plain, x), largest_unit_bytes(plain)
     for kind in kinds:
         model, bare, opt = build_parallel(kind)
-        for s in range(steps): train_step(model, opt, *rank_batch(env.rank, s, batch))
+        for s in range(steps): full_step(model, opt, *rank_batch(env.rank, s, batch))
         params = full_params(bare)
         ref = ref if ref is not None else params  # the first kind (DDP) is the reference
         out[kind] = dict(params=_nbytes(bare.parameters()),
@@ -591,8 +584,7 @@ def hook_worker(env, data_dir:str, hooks=HOOKS, steps:int=4, batch:int=16, start
     xs = (torch.tensor(ds.data).permute(0, 3, 1, 2).float().div(255) - 0.5) / 0.25
     ys, per_rank, out = torch.tensor(ds.targets), batch // env.world_size, {}
     for hook in hooks:
-        torch.manual_seed(0)
-        model = DDP(small_model(), bucket_cap_mb=bucket_mb)
+        model = DDP(resnet18_10(0), bucket_cap_mb=bucket_mb)
         inner_state, inner = make_hook(hook, start_iter)
         state = dict(state=inner_state, hook=inner, errors=[], measure=False)
         model.register_comm_hook(state, fidelity_hook)
@@ -601,7 +593,7 @@ def hook_worker(env, data_dir:str, hooks=HOOKS, steps:int=4, batch:int=16, start
             i = s * batch + env.rank * per_rank
             state['measure'] = s == steps - 1
             with count_allreduce() as c:
-                train_step(model, opt, xs[i:i + per_rank], ys[i:i + per_rank])
+                full_step(model, opt, xs[i:i + per_rank], ys[i:i + per_rank])
             sent.append(c['bytes'])
         out[hook] = dict(bytes=sent, error=state['errors'][-1])
     return out
