@@ -15,16 +15,16 @@ from ..model import build_model
 from ..doctor import allreduce_rows
 
 # %% auto #0
-__all__ = ['NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'BUCKET_DIFFS', 'FABRICS',
-           'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'n_params', 'grad_bytes',
-           'ddp_buckets', 'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd', 'full_step',
-           'rank_batch', 'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce', 'calibration_rows',
-           'fit_here', 'system_busbw', 'published_cases', 'published_buckets', 'model_step', 'fit_kind', 'predict_case',
-           'check_published', 'skill_table', 'skill_markdown', 'bucket_check', 'step_times_worker', 'expected_max',
-           'growth_curves', 'plot_straggler', 'predict', 'checked_range', 'scaling_rows', 'prediction_markdown',
-           'powersgd_bytes', 'what_if', 'build_parallel', 'optimizer_bytes', 'activation_bytes', 'full_params',
-           'largest_unit_bytes', 'compare_worker', 'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook',
-           'fidelity_hook', 'hook_worker']
+__all__ = ['NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'FABRICS', 'RESNET50_A100',
+           'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'n_params', 'grad_bytes', 'ddp_buckets',
+           'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd', 'full_step', 'rank_batch',
+           'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce', 'calibration_rows', 'fit_here',
+           'data_file', 'links', 'system_busbw', 'published_cases', 'published_buckets', 'model_step', 'fit_kind',
+           'predict_case', 'check_published', 'skill_table', 'skill_markdown', 'bucket_cap_changes', 'bucket_check',
+           'step_times_worker', 'expected_max', 'growth_curves', 'plot_straggler', 'one_gpu', 'predict',
+           'checked_range', 'scaling_rows', 'prediction_markdown', 'powersgd_bytes', 'what_if', 'build_parallel',
+           'optimizer_bytes', 'activation_bytes', 'full_params', 'largest_unit_bytes', 'compare_worker',
+           'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
 
 # %% ../../nbs/course/09_scaling.ipynb #05bd6bd3
 from .machinery import resnet18_10  # course/03's ResNet-18, 10 classes
@@ -195,14 +195,20 @@ def fit_here(cal:dict, buckets:list) -> tuple:
                                 for r in rows])
 
 # %% ../../nbs/course/09_scaling.ipynb #b57a1b67
-# Bus bandwidth (GB/s) a GPU's rings get: NCCL's per-link figures (src/graph/topo.h: 20 GB/s a
-# V100 or A100 NVLink, 20.6 an H100 NVLink, 12 a 100 Gb/s NIC) x the links the ring can use
-SYSTEMS = {
-    'DGX-1 V100': dict(per_node=8, intra={2: 20, 4: 40, 8: 120}, inter=48),  # 4 x 100 Gb/s IB
-    'DGX A100': dict(per_node=8, intra=235, inter=192),  # tuning.cc caps A100 at 235; 8 x 200G
-    'HGX H100': dict(per_node=8, intra=371, inter=None),  # 18 NVLinks x 20.6
-    'p2.8xlarge K80': dict(per_node=8, intra=12, inter=1.2),  # PCIe Gen3 12; 10 Gb/s x 12/100
-}
+def data_file(name:str):
+    "A data file installed with the package beside this module (`scaling_*.csv`, `.json`)."
+    import importlib.resources
+    return importlib.resources.files('cifar_ddp_tut.lessons') / name
+
+def links() -> dict:
+    "Bus bandwidths (GB/s) of the published systems and of the predictions' fabrics, with sources."
+    import json
+    d = json.loads(data_file('scaling_links.json').read_text())
+    for s in d['systems'].values():  # JSON keys are strings: ring sizes back to numbers
+        if isinstance(s['intra'], dict): s['intra'] = {int(k): v for k, v in s['intra'].items()}
+    return d
+
+SYSTEMS = links()['systems']  # NCCL's per-link figures x the links a ring can use
 BW_FACTOR = 2  # the bandwidths above are known to within this factor, no better
 
 def system_busbw(system:str, n:int) -> float:
@@ -214,9 +220,8 @@ def system_busbw(system:str, n:int) -> float:
 
 def published_cases() -> list:
     "Every published measurement in `scaling_cases.csv` (installed with the package), typed."
-    import csv, importlib.resources
-    with (importlib.resources.files('cifar_ddp_tut.lessons') / 'scaling_cases.csv').open() as f:
-        rows = list(csv.DictReader(f))
+    import csv
+    with data_file('scaling_cases.csv').open() as f: rows = list(csv.DictReader(f))
     for r in rows:
         r.update({k: int(r[k]) for k in ('batch', 'n', 'gpus_per_node')})
         r.update({k: float(r[k]) for k in ('x1', 'images_s')})
@@ -316,19 +321,19 @@ def skill_markdown(table:list):
                     'source)\n\n' + '\n'.join(lines))
 
 # %% ../../nbs/course/09_scaling.ipynb #2c0675de
-# The README's bucket comparison: throughput change at p75, bucket_cap_mb=1 against 25, N = 1...16
-BUCKET_DIFFS = {'ResNet-50': (-.3, -1., -1.6, -2.6, -3.8),
-                'ResNet-101': (-1.2, -2.1, -2.6, -3.5, -.1),
-                'ResNeXt-50 32x4d': (-1., -1.5, -1.6, -1.5, -1.9),
-                'ResNeXt-101 32x8d': (-.8, -1.3, -1.1, -1.3, -.7)}
+def bucket_cap_changes() -> dict:
+    "{(model, N): the README's change in throughput (p75), bucket_cap_mb=1 against 25}."
+    import csv
+    with data_file('scaling_bucket_cap.csv').open() as f:
+        return {(r['model'], int(r['n'])): float(r['change_pct']) / 100 for r in csv.DictReader(f)}
 
 def bucket_check(params:dict) -> list:
     "The model's change in throughput from 25 MB to 1 MB buckets, beside the README's."
     step = lambda c, cap: model_step(c, params, cap)['step_s']
-    return [dict(model=c['model'], n=c['n'], measured=d / 100,
+    measured = bucket_cap_changes()
+    return [dict(model=c['model'], n=c['n'], measured=measured[c['model'], c['n']],
                  predicted=step(c, 25) / step(c, 1) - 1)
-            for c in published_cases() if c['source'] == 'pytorch'
-            for d in [BUCKET_DIFFS[c['model']][(1, 2, 4, 8, 16).index(c['n'])]]]
+            for c in published_cases() if c['source'] == 'pytorch']
 
 # %% ../../nbs/course/09_scaling.ipynb #f6fe16f2
 def step_times_worker(env, steps:int=800, size:int=128) -> list:
@@ -369,16 +374,15 @@ def plot_straggler(samples:list, curves:dict, label:str):
     return fig
 
 # %% ../../nbs/course/09_scaling.ipynb #9373ae78
-# Across nodes a ring's bus bandwidth is about the node's NICs x NCCL's 12 GB/s per 100 Gb/s;
-# each fabric names the published system it was checked on (None: never beyond one node)
-FABRICS = {  # intra: inside an 8-GPU A100 node (NCCL's 235); inter: per node, across nodes
-    '8 x 200 Gb/s InfiniBand': dict(intra=235, inter=192, checked_on='DGX A100'),
-    '4 x 100 Gb/s InfiniBand': dict(intra=235, inter=48, checked_on='DGX-1 V100'),
-    '100 Gb Ethernet': dict(intra=235, inter=12, checked_on=None),
-    '10 Gb Ethernet': dict(intra=235, inter=1.2, checked_on='p2.8xlarge K80'),
-}
-# ResNet-50 on one A100 without DDP, mixed precision, 256 a GPU (DeepLearningExamples, above)
-RESNET50_A100 = dict(model='ResNet-50', batch=256, x1=2470)
+FABRICS = links()['fabrics']  # 8-GPU A100 nodes and four networks between them
+
+def one_gpu(source:str, model:str, system:str, precision:str) -> dict:
+    "A published model's images/s on one GPU without DDP (x1), and its batch a GPU."
+    c = next(c for c in published_cases() if (c['source'], c['model'], c['system'],
+                                              c['precision']) == (source, model, system, precision))
+    return dict(model=model, batch=c['batch'], x1=c['x1'])
+
+RESNET50_A100 = one_gpu('dle', 'ResNet-50', 'DGX A100', 'amp')  # mixed precision, 256 a GPU
 NS = [2**k for k in range(11)]  # 1 ... 1024
 
 def predict(spec:dict, n:int, fabric:dict, params:dict, batch:float|None=None,
