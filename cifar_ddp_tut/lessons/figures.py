@@ -198,6 +198,7 @@ def plot_evaluated(shards:list, n:int, title:str):
 # %% ../../nbs/program/14_course_figures.ipynb #ca12a846
 def draw_flows():
     "Schematic of one training step: nn.DataParallel (one process) and DDP (a process per GPU)."
+    # 40 lines, kept whole: both panels share one grid of boxes, buses and arrows, read together
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
     dp = ['replicate\nmodel', 'scatter\ninputs', 'forward\n(threads)', 'gather\noutputs', 'loss',
