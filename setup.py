@@ -29,7 +29,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path'] + '.*']),
     include_package_data=True,
-    package_data={cfg['lib_path'] + '.lessons': ['*.csv']},  # the published scaling cases
+    package_data={cfg['lib_path'] + '.lessons': ['*.csv', '*.json']},  # scaling's published data
     install_requires=requirements,
     extras_require={'dev': dev_requirements},
     python_requires='>=' + cfg['min_python'],

@@ -7,7 +7,8 @@ import pytest
 import torch
 from _util import ROOT
 from cifar_ddp_tut.data import write_synthetic_cifar10
-from cifar_ddp_tut.lessons.tools import diff_html, listing_html, results, run
+from cifar_ddp_tut.lessons.figures import diff_html, listing_html
+from cifar_ddp_tut.lessons.tools import results, run
 
 STEPS = ROOT/'steps'
 TINY = ['--epochs', 2, '--steps', 3]  # 2 epochs of 3 steps of 32 images

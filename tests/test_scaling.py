@@ -8,8 +8,9 @@ import csv, importlib.resources
 from cifar_ddp_tut.lessons.scaling import (
     HOOKS, RESNET50_A100, hook_worker, record_buckets, ddp_buckets, published_cases,
     nccl_allreduce_s, line_allreduce_s, step_time, fit_overheads, check_published, bucket_check,
-    skill_table, scaling_rows, memory_per_rank, powersgd_bytes, grad_bytes, small_model,
+    skill_table, scaling_rows, memory_per_rank, powersgd_bytes, grad_bytes,
     expected_max, growth_curves)
+from cifar_ddp_tut.lessons.machinery import resnet18_10
 from cifar_ddp_tut.data import write_synthetic_cifar10
 from cifar_ddp_tut.lessons.tools import launch
 
@@ -69,7 +70,7 @@ def test_straggler_growth_from_a_distribution():
 
 
 def test_ddp_buckets_match_what_ddp_sends():
-    small = small_model()
+    small = resnet18_10(0)
     for kw, cap in (({}, None), ({'bucket_cap_mb': 25}, 25)):
         steps = launch(partial(record_buckets, steps=3, **kw), 2, timeout_s=300)[0]
         assert steps[0] == [grad_bytes(small)]  # the first step: one bucket
@@ -82,7 +83,7 @@ def test_cost_model_is_sane():
     t2, t8, t1024 = (nccl_allreduce_s(b, n, 10) for n in (2, 8, 1024))
     assert t2 < t8 < t1024 and t1024 < 2.5 * b / 10e9  # bandwidth: 2(N-1)/N, latency: trees
     assert math.isclose(line_allreduce_s(b, 2, 10, 0), b / 10e9)
-    small = small_model()
+    small = resnet18_10(0)
     assert sum(ddp_buckets(small)) == grad_bytes(small) == sum(ddp_buckets(small, 1))
     ar = lambda x: line_allreduce_s(x, 8, 1, 50)
     free, paid = step_time(0.1, [1e6, 1e8], 8, ar), step_time(0.1, [1e6, 1e8], 8, ar, overlap=0)
@@ -111,11 +112,11 @@ def test_cost_model_is_sane():
 def test_comm_hooks_send_the_bytes_they_should(tmp_path):
     write_synthetic_cifar10(tmp_path, n_train=64, n_test=10, seed=0)
     res = launch(hook_worker, 2, str(tmp_path), HOOKS, 4, 16, 2, timeout_s=300)
-    full = grad_bytes(small_model())
+    full = grad_bytes(resnet18_10(0))
     for r in res:
         assert r['fp32']['bytes'] == [full] * 4 and r['fp32']['error'] < 1e-6
         assert r['fp16']['bytes'][-1] * 2 == full == r['bf16']['bytes'][-1] * 2
         assert 0 < r['fp16']['error'] < r['bf16']['error'] < 1e-2
-        assert r['powersgd']['bytes'][-1] == powersgd_bytes(small_model()) < full / 100
-        assert r['powersgd4']['bytes'][-1] == powersgd_bytes(small_model(), rank=4) < full / 20
+        assert r['powersgd']['bytes'][-1] == powersgd_bytes(resnet18_10(0)) < full / 100
+        assert r['powersgd4']['bytes'][-1] == powersgd_bytes(resnet18_10(0), rank=4) < full / 20
         assert r['powersgd']['bytes'][0] == full  # plain all-reduce before start_powerSGD_iter

@@ -12,13 +12,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..dist import DistEnv
-from .tools import first_line, group_with, show
+from .tools import first_line, group_with
+from .figures import show
 
 # %% auto #0
-__all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused', 'load_next_batch',
-           'job_main', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps', 'early_stop', 'demo_decide_together',
-           'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven', 'demo_gather_eval', 'NumberStream', 'demo_stream',
-           'ToyTracker', 'demo_logging']
+__all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused_error',
+           'load_next_batch', 'job_main', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps', 'early_stop',
+           'demo_decide_together', 'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven', 'demo_gather_eval',
+           'NumberStream', 'demo_stream', 'ToyTracker', 'demo_logging']
 
 # %% ../../nbs/course/08_error_atlas.ipynb #344a6333
 def mismatched(env:DistEnv, group) -> str:
@@ -57,7 +58,7 @@ def two_steps(group, **ddp_kw) -> list:
         except RuntimeError as e: out.append(f"step {step}: {e}"); break
     return out
 
-def demo_unused(env:DistEnv, timeout_s:float=3.0) -> dict:
+def demo_unused_error(env:DistEnv, timeout_s:float=3.0) -> dict:
     "Unused parameters at debug level OFF and INFO, then with find_unused_parameters=True."
     return dict(off=two_steps(group_with(timeout_s)), info=two_steps(group_with(timeout_s, 'INFO')),
                 fixed=two_steps(group_with(timeout_s, 'INFO'), find_unused_parameters=True))

@@ -16,8 +16,7 @@ from ..dist import DistEnv
 # %% auto #0
 __all__ = ['Timeline', 'epoch_end_wrong', 'epoch_end_fixed', 'demo_rank0_only_collective', 'archive_bytes', 'slow_write',
            'fake_download', 'download_if_missing', 'unpack', 'demo_download', 'torchrun_env', 'demo_rank_vs_local_rank',
-           'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole', 'small_net', 'demo_module_prefix',
-           'run_many']
+           'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole', 'demo_module_prefix', 'run_many']
 
 # %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9b
 def _short(e:BaseException) -> str:
@@ -192,14 +191,11 @@ def with_hole(data:bytes, where:str, n:int=128) -> bytes:
     return data[:at] + bytes(n) + data[at + n:]
 
 # %% ../../nbs/course/07_pitfalls.ipynb #8b6c6e35
-def small_net() -> nn.Module:
-    "A tiny classifier, the same on every rank."
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+from .topics import small_mlp  # course/06's MLP, the same on every rank
 
 def demo_module_prefix(env:DistEnv, root) -> dict:
     "Save `ddp.state_dict()` (wrong), `ddp.module.state_dict()` (fixed); load each in a bare net."
-    ddp = nn.parallel.DistributedDataParallel(small_net())
+    ddp = nn.parallel.DistributedDataParallel(small_mlp())
     replica = ddp.module.state_dict()
     out = {}; Path(root).mkdir(parents=True, exist_ok=True)
     for case, sd in (('wrong', ddp.state_dict()), ('fixed', replica)):
@@ -208,10 +204,10 @@ def demo_module_prefix(env:DistEnv, root) -> dict:
         dist.barrier()
         loaded = torch.load(path, map_location=env.device, weights_only=True)['model']
         keys = list(loaded)
-        try: small_net().load_state_dict(loaded); plain = 'ok'
+        try: small_mlp().load_state_dict(loaded); plain = 'ok'
         except RuntimeError as e: plain = str(e)
         consume_prefix_in_state_dict_if_present(loaded, 'module.')  # in place; no-op if absent
-        rescued = small_net(); rescued.load_state_dict(loaded)
+        rescued = small_mlp(); rescued.load_state_dict(loaded)
         same = all(torch.equal(a, b) for a, b in zip(rescued.state_dict().values(),
                                                       replica.values()))
         out[case] = dict(keys=keys, plain_load=plain, rescued=same)

@@ -15,23 +15,19 @@ from ..model import build_model
 from ..doctor import allreduce_rows
 
 # %% auto #0
-__all__ = ['SMALL', 'NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'BUCKET_DIFFS',
-           'FABRICS', 'RESNET50_A100', 'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'small_model', 'n_params',
-           'grad_bytes', 'ddp_buckets', 'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd',
-           'train_step', 'rank_batch', 'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce',
-           'calibration_rows', 'fit_here', 'system_busbw', 'published_cases', 'published_buckets', 'model_step',
-           'fit_kind', 'predict_case', 'check_published', 'skill_table', 'skill_markdown', 'bucket_check',
-           'step_times_worker', 'expected_max', 'growth_curves', 'plot_straggler', 'predict', 'checked_range',
-           'scaling_rows', 'prediction_markdown', 'powersgd_bytes', 'what_if', 'build_parallel', 'optimizer_bytes',
-           'activation_bytes', 'full_params', 'largest_unit_bytes', 'compare_worker', 'memory_per_rank', 'memory_grid',
-           'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
+__all__ = ['NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'FABRICS', 'RESNET50_A100',
+           'NS', 'KINDS', 'FSDP_UNITS', 'RECIPES_BYTES', 'HOOKS', 'n_params', 'grad_bytes', 'ddp_buckets',
+           'nccl_allreduce_s', 'line_allreduce_s', 'step_time', 'fit_overheads', 'sgd', 'full_step', 'rank_batch',
+           'record_buckets', 'time_steps', 'calibrate_worker', 'fit_allreduce', 'calibration_rows', 'fit_here',
+           'data_file', 'links', 'system_busbw', 'published_cases', 'published_buckets', 'model_step', 'fit_kind',
+           'predict_case', 'check_published', 'skill_table', 'skill_markdown', 'bucket_cap_changes', 'bucket_check',
+           'step_times_worker', 'expected_max', 'growth_curves', 'plot_straggler', 'one_gpu', 'predict',
+           'checked_range', 'scaling_rows', 'prediction_markdown', 'powersgd_bytes', 'what_if', 'build_parallel',
+           'optimizer_bytes', 'activation_bytes', 'full_params', 'largest_unit_bytes', 'compare_worker',
+           'memory_per_rank', 'memory_grid', 'count_allreduce', 'make_hook', 'fidelity_hook', 'hook_worker']
 
 # %% ../../nbs/course/09_scaling.ipynb #05bd6bd3
-SMALL = dict(model='resnet18', pretrained=False, image_size=32, resize_size=36, num_classes=10)
-
-def small_model() -> torch.nn.Module:
-    "The project's small CPU model (ResNet-18, 10 classes), built by `build_model`."
-    return build_model(load_config(None, SMALL))
+from .machinery import resnet18_10  # course/03's ResNet-18, 10 classes
 
 def n_params(model) -> int: return sum(p.numel() for p in model.parameters())
 
@@ -112,8 +108,8 @@ SGD_KW = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)  # the quickstart's opti
 
 def sgd(params): return torch.optim.SGD(params, **SGD_KW)
 
-def train_step(model, opt, x, y) -> torch.Tensor:
-    "The project's step: cross-entropy, backward (DDP all-reduces inside it), an optimizer step."
+def full_step(model, opt, x, y) -> torch.Tensor:
+    "A whole optimizer step on (x, y): cross-entropy, backward (DDP all-reduces inside), step."
     opt.zero_grad(set_to_none=True)
     loss = F.cross_entropy(model(x).float(), y)
     loss.backward(); opt.step()
@@ -130,8 +126,7 @@ def record_buckets(env, steps:int=3, **ddp_kw) -> list:
     def hook(sizes, bucket):
         sizes.append(bucket.buffer().numel() * bucket.buffer().element_size())
         return allreduce_hook(None, bucket)
-    torch.manual_seed(0)
-    model, sizes, out = DDP(small_model(), **ddp_kw), [], []
+    model, sizes, out = DDP(resnet18_10(0), **ddp_kw), [], []
     model.register_comm_hook(sizes, hook)
     for s in range(steps):
         x, y = rank_batch(env.rank, s, 2)
@@ -141,8 +136,7 @@ def record_buckets(env, steps:int=3, **ddp_kw) -> list:
 
 def time_steps(rank:int, batches, repeats:int, group=None) -> list:
     "Seconds of plain and of DDP steps on the ranks of `group`, alternately, per batch."
-    torch.manual_seed(0)
-    bare, model = small_model(), DDP(small_model(), process_group=group)
+    bare, model = resnet18_10(0), DDP(resnet18_10(0), process_group=group)
     kinds = {'plain': (bare, sgd(bare.parameters())), 'ddp': (model, sgd(model.parameters()))}
     rows = []
     for b in batches:
@@ -151,7 +145,7 @@ def time_steps(rank:int, batches, repeats:int, group=None) -> list:
         for i in range(repeats + 1):  # the first round warms up
             for kind, (m, opt) in kinds.items():
                 dist.barrier(group); t = time.perf_counter()
-                train_step(m, opt, x, y)
+                full_step(m, opt, x, y)
                 if i: times[kind].append(time.perf_counter() - t)
         slowest = {k: torch.tensor(v, dtype=torch.float64) for k, v in times.items()}
         for t in slowest.values(): dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
@@ -201,14 +195,20 @@ def fit_here(cal:dict, buckets:list) -> tuple:
                                 for r in rows])
 
 # %% ../../nbs/course/09_scaling.ipynb #b57a1b67
-# Bus bandwidth (GB/s) a GPU's rings get: NCCL's per-link figures (src/graph/topo.h: 20 GB/s a
-# V100 or A100 NVLink, 20.6 an H100 NVLink, 12 a 100 Gb/s NIC) x the links the ring can use
-SYSTEMS = {
-    'DGX-1 V100': dict(per_node=8, intra={2: 20, 4: 40, 8: 120}, inter=48),  # 4 x 100 Gb/s IB
-    'DGX A100': dict(per_node=8, intra=235, inter=192),  # tuning.cc caps A100 at 235; 8 x 200G
-    'HGX H100': dict(per_node=8, intra=371, inter=None),  # 18 NVLinks x 20.6
-    'p2.8xlarge K80': dict(per_node=8, intra=12, inter=1.2),  # PCIe Gen3 12; 10 Gb/s x 12/100
-}
+def data_file(name:str):
+    "A data file installed with the package beside this module (`scaling_*.csv`, `.json`)."
+    import importlib.resources
+    return importlib.resources.files('cifar_ddp_tut.lessons') / name
+
+def links() -> dict:
+    "Bus bandwidths (GB/s) of the published systems and of the predictions' fabrics, with sources."
+    import json
+    d = json.loads(data_file('scaling_links.json').read_text())
+    for s in d['systems'].values():  # JSON keys are strings: ring sizes back to numbers
+        if isinstance(s['intra'], dict): s['intra'] = {int(k): v for k, v in s['intra'].items()}
+    return d
+
+SYSTEMS = links()['systems']  # NCCL's per-link figures x the links a ring can use
 BW_FACTOR = 2  # the bandwidths above are known to within this factor, no better
 
 def system_busbw(system:str, n:int) -> float:
@@ -220,9 +220,8 @@ def system_busbw(system:str, n:int) -> float:
 
 def published_cases() -> list:
     "Every published measurement in `scaling_cases.csv` (installed with the package), typed."
-    import csv, importlib.resources
-    with (importlib.resources.files('cifar_ddp_tut.lessons') / 'scaling_cases.csv').open() as f:
-        rows = list(csv.DictReader(f))
+    import csv
+    with data_file('scaling_cases.csv').open() as f: rows = list(csv.DictReader(f))
     for r in rows:
         r.update({k: int(r[k]) for k in ('batch', 'n', 'gpus_per_node')})
         r.update({k: float(r[k]) for k in ('x1', 'images_s')})
@@ -322,19 +321,19 @@ def skill_markdown(table:list):
                     'source)\n\n' + '\n'.join(lines))
 
 # %% ../../nbs/course/09_scaling.ipynb #2c0675de
-# The README's bucket comparison: throughput change at p75, bucket_cap_mb=1 against 25, N = 1...16
-BUCKET_DIFFS = {'ResNet-50': (-.3, -1., -1.6, -2.6, -3.8),
-                'ResNet-101': (-1.2, -2.1, -2.6, -3.5, -.1),
-                'ResNeXt-50 32x4d': (-1., -1.5, -1.6, -1.5, -1.9),
-                'ResNeXt-101 32x8d': (-.8, -1.3, -1.1, -1.3, -.7)}
+def bucket_cap_changes() -> dict:
+    "{(model, N): the README's change in throughput (p75), bucket_cap_mb=1 against 25}."
+    import csv
+    with data_file('scaling_bucket_cap.csv').open() as f:
+        return {(r['model'], int(r['n'])): float(r['change_pct']) / 100 for r in csv.DictReader(f)}
 
 def bucket_check(params:dict) -> list:
     "The model's change in throughput from 25 MB to 1 MB buckets, beside the README's."
     step = lambda c, cap: model_step(c, params, cap)['step_s']
-    return [dict(model=c['model'], n=c['n'], measured=d / 100,
+    measured = bucket_cap_changes()
+    return [dict(model=c['model'], n=c['n'], measured=measured[c['model'], c['n']],
                  predicted=step(c, 25) / step(c, 1) - 1)
-            for c in published_cases() if c['source'] == 'pytorch'
-            for d in [BUCKET_DIFFS[c['model']][(1, 2, 4, 8, 16).index(c['n'])]]]
+            for c in published_cases() if c['source'] == 'pytorch']
 
 # %% ../../nbs/course/09_scaling.ipynb #f6fe16f2
 def step_times_worker(env, steps:int=800, size:int=128) -> list:
@@ -375,16 +374,15 @@ def plot_straggler(samples:list, curves:dict, label:str):
     return fig
 
 # %% ../../nbs/course/09_scaling.ipynb #9373ae78
-# Across nodes a ring's bus bandwidth is about the node's NICs x NCCL's 12 GB/s per 100 Gb/s;
-# each fabric names the published system it was checked on (None: never beyond one node)
-FABRICS = {  # intra: inside an 8-GPU A100 node (NCCL's 235); inter: per node, across nodes
-    '8 x 200 Gb/s InfiniBand': dict(intra=235, inter=192, checked_on='DGX A100'),
-    '4 x 100 Gb/s InfiniBand': dict(intra=235, inter=48, checked_on='DGX-1 V100'),
-    '100 Gb Ethernet': dict(intra=235, inter=12, checked_on=None),
-    '10 Gb Ethernet': dict(intra=235, inter=1.2, checked_on='p2.8xlarge K80'),
-}
-# ResNet-50 on one A100 without DDP, mixed precision, 256 a GPU (DeepLearningExamples, above)
-RESNET50_A100 = dict(model='ResNet-50', batch=256, x1=2470)
+FABRICS = links()['fabrics']  # 8-GPU A100 nodes and four networks between them
+
+def one_gpu(source:str, model:str, system:str, precision:str) -> dict:
+    "A published model's images/s on one GPU without DDP (x1), and its batch a GPU."
+    c = next(c for c in published_cases() if (c['source'], c['model'], c['system'],
+                                              c['precision']) == (source, model, system, precision))
+    return dict(model=model, batch=c['batch'], x1=c['x1'])
+
+RESNET50_A100 = one_gpu('dle', 'ResNet-50', 'DGX A100', 'amp')  # mixed precision, 256 a GPU
 NS = [2**k for k in range(11)]  # 1 ... 1024
 
 def predict(spec:dict, n:int, fabric:dict, params:dict, batch:float|None=None,
@@ -463,8 +461,7 @@ KINDS = ('ddp', 'zero', 'fsdp')
 
 def build_parallel(kind:str, seed:int=0):
     "(training model, bare model, optimizer) of the small model as DDP, DDP + ZeRO, or FSDP2."
-    torch.manual_seed(seed)
-    bare = small_model()
+    bare = resnet18_10(seed)
     if kind == 'fsdp':
         from torch.distributed.fsdp import fully_shard
         for block in (bare.layer1, bare.layer2, bare.layer3, bare.layer4): fully_shard(block)
@@ -514,11 +511,11 @@ def compare_worker(env, kinds=KINDS, steps:int=3, batch:int=8) -> dict:
     "In every process: per kind, bytes this rank holds after `steps` steps, max |param - DDP's|."
     x, out, ref = rank_batch(env.rank, 0, batch)[0], {}, None
     # activations: the same for all three (none shards the batch's activations)
-    plain = small_model()
+    plain = resnet18_10(0)
     acts, unit = activation_bytes(plain, x), largest_unit_bytes(plain)
     for kind in kinds:
         model, bare, opt = build_parallel(kind)
-        for s in range(steps): train_step(model, opt, *rank_batch(env.rank, s, batch))
+        for s in range(steps): full_step(model, opt, *rank_batch(env.rank, s, batch))
         params = full_params(bare)
         ref = ref if ref is not None else params  # the first kind (DDP) is the reference
         out[kind] = dict(params=_nbytes(bare.parameters()),
@@ -591,8 +588,7 @@ def hook_worker(env, data_dir:str, hooks=HOOKS, steps:int=4, batch:int=16, start
     xs = (torch.tensor(ds.data).permute(0, 3, 1, 2).float().div(255) - 0.5) / 0.25
     ys, per_rank, out = torch.tensor(ds.targets), batch // env.world_size, {}
     for hook in hooks:
-        torch.manual_seed(0)
-        model = DDP(small_model(), bucket_cap_mb=bucket_mb)
+        model = DDP(resnet18_10(0), bucket_cap_mb=bucket_mb)
         inner_state, inner = make_hook(hook, start_iter)
         state = dict(state=inner_state, hook=inner, errors=[], measure=False)
         model.register_comm_hook(state, fidelity_hook)
@@ -601,7 +597,7 @@ def hook_worker(env, data_dir:str, hooks=HOOKS, steps:int=4, batch:int=16, start
             i = s * batch + env.rank * per_rank
             state['measure'] = s == steps - 1
             with count_allreduce() as c:
-                train_step(model, opt, xs[i:i + per_rank], ys[i:i + per_rank])
+                full_step(model, opt, xs[i:i + per_rank], ys[i:i + per_rank])
             sent.append(c['bytes'])
         out[hook] = dict(bytes=sent, error=state['errors'][-1])
     return out

@@ -15,7 +15,7 @@ from .tools import first_line, group_with
 
 # %% auto #0
 __all__ = ['COMPILE_VARIANTS', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy', 'unused_worker',
-           'demo_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker', 'demo_uneven', 'WideMLP',
+           'demo_sometimes_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker', 'demo_uneven', 'WideMLP',
            'CountingBackend', 'compile_worker']
 
 # %% ../../nbs/course/06_topics.ipynb #863ee8a4
@@ -114,7 +114,7 @@ def unused_worker(env:DistEnv, ddp_kw:dict|None=None, extra_on=(0, 2), steps:int
         except RuntimeError as e: log.append(f"step {step}: {first_line(e)}"); error = str(e); break
     return dict(log=log, error=error)
 
-def demo_unused(env:DistEnv) -> dict:
+def demo_sometimes_unused(env:DistEnv) -> dict:
     "Branch on steps 0 and 2: plain DDP, find_unused_parameters, static_graph; and never used."
     return dict(plain=unused_worker(env),
                 find_unused=unused_worker(env, dict(find_unused_parameters=True)),
