@@ -167,7 +167,8 @@ def run_process(cmd:list, job_timeout_s:float=300, stop_when=None, grace_s:float
                 **popen_kw) -> subprocess.CompletedProcess:
     """Run `cmd` to its end: a CompletedProcess, stdout and stderr as text (captured unless given).
     Past `job_timeout_s` it is stopped with all it started and `TimeoutExpired` is raised. Once
-    `stop_when()` is true it is stopped and `returncode` is None (polled: give it files, not pipes)."""
+    `stop_when()` is true it is stopped and `returncode` is None (it is polled: give stdout and
+    stderr files, not pipes)."""
     kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE) | popen_kw
     p, deadline, stopped = start_process(cmd, **kw), time.monotonic() + job_timeout_s, False
     try:

@@ -37,7 +37,8 @@ def test_launch_workers_returns_every_rank_and_names_a_failure():
     "The benchmark's and the doctor's launcher: results by rank, the failing rank named, the caller's signal handlers back."
     sigs = (signal.SIGALRM, signal.SIGTERM, signal.SIGINT)
     before = [signal.getsignal(s) for s in sigs]
-    results = launch_workers(rank_tensor, 2, backend='gloo', job_timeout_s=120)  # the agent waits until a result is read
+    # the agent waits until a result is read
+    results = launch_workers(rank_tensor, 2, backend='gloo', job_timeout_s=120)
     assert [r.sum().item() for r in results] == [0.0, 100_000.0]
     with pytest.raises(LaunchError, match=r"failed \(exit code 1\): \[rank \d\] TypeError: rank_tensor\(\) takes 1"):
         launch_workers(rank_tensor, 2, 'one too many', job_timeout_s=120)

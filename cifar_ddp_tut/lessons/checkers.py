@@ -187,7 +187,7 @@ def _first_line(e:BaseException) -> str:
     return f"{type(e).__name__}: {first.split('. ')[0]}"[:200]
 
 def _exercise(env, n, source, name, modules, inputs, logdir):
-    "One rank of exercise `n`: the learner's function on this rank's inputs, every collective logged."
+    "One rank of exercise `n`: the learner's function on this rank's inputs, collectives logged."
     global LOG
     LOG = Log(os.path.join(logdir, f'rank{env.rank}.jsonl'))
     err = os.open(os.path.join(logdir, f'rank{env.rank}.err'), os.O_WRONLY | os.O_CREAT)
@@ -231,8 +231,9 @@ def run_ranks(n:int, source:str, name:str, modules:dict, world:int, inputs:list,
     ranks = []
     for o in outcomes:
         x = dict(rank=o['rank'], log=_read_log(os.path.join(logdir, f"rank{o['rank']}.jsonl")))
-        if o['status'] == 'ok' and o['value'][0] == 'ok': x.update(status='ok', values=o['value'][1])
-        elif o['status'] == 'ok': x.update(status='raised', **o['value'][1])
+        if o['status'] == 'ok':  # the harness returned: ('ok', values) or ('error', what)
+            kind, val = o['value']
+            x.update(status='ok', values=val) if kind == 'ok' else x.update(status='raised', **val)
         elif o['status'] == 'raised':  # it could not join the process group
             x.update(status='raised', error=o['error'].splitlines()[0][:200], case=None, step=None,
                      todo=False, name_error=False, waited=bool(WAITED.search(o['error'])))
