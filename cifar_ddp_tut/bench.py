@@ -9,8 +9,8 @@ from pathlib import Path
 import torch, yaml
 from .config import (Config, ConfigError, load_config, per_rank_batch_size,
                                   cli_parser, cli_overrides, write_atomic)
-from .dist import (clock, all_reduce_max, in_notebook, hardware, launch_workers,
-                                LaunchError)
+from .dist import clock, all_reduce_max, in_notebook, hardware
+from .launch import launch_workers, LaunchError
 from .model import build_model
 from .train import build_trainer, peak_memory_gb
 from .report import project, bench_table  # below, in "The report"
@@ -208,7 +208,7 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
             for _ in range(repeats if r in HEADLINE else 1):
                 t0 = time.time()
                 try: row = launch_workers(measure, n, c, warmup, steps, backend=c.backend,
-                                          group_timeout_s=c.timeout_s, timeout_s=timeout_s)[0]
+                                          group_timeout_s=c.timeout_s, job_timeout_s=timeout_s)[0]
                 except LaunchError as e:  # keep going: the other recipes' figures are worth having
                     failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
                     if verbose: print(f"{what}: failed", flush=True)

@@ -5,12 +5,13 @@
 # %% ../nbs/program/11_doctor.ipynb #c0000003
 from __future__ import annotations
 import argparse, json, os, platform, socket, sys, tempfile, time
+from subprocess import TimeoutExpired
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import (describe_world, clock, torchrun_cmd, start_process, stop_process,
-                                in_notebook, cpu_name, launch_workers, LaunchError)
+from .dist import describe_world, clock, in_notebook, cpu_name
+from .launch import torchrun_cmd, run_process, launch_workers, LaunchError
 from .checkpoint import load_checkpoint
 from .report import bench_table
 # `train` and `bench` (torchvision and more) are imported where they are used: the all-reduce
@@ -18,8 +19,8 @@ from .report import bench_table
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'bus_bandwidth',
-           'allreduce_rows', 'run_torchrun', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config',
-           'cli', 'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
+           'allreduce_rows', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config', 'cli',
+           'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
 
 # %% ../nbs/program/11_doctor.ipynb #c0000006
 TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK',
@@ -87,25 +88,6 @@ def _threads_env(nprocs:int) -> dict:
         env['OMP_NUM_THREADS'] = str(max(1, (os.cpu_count() or 1) // nprocs))
     return env
 
-def run_torchrun(nprocs:int, module:str, args, logdir, timeout_s:float=900, stop_when=None,
-                 poll_s:float=0.1):
-    "Run `torchrun_cmd(nprocs, *args, module=module)`: (exit code or None if stopped, out, err)."
-    logdir = Path(logdir); logdir.mkdir(parents=True, exist_ok=True)
-    with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        p = start_process(torchrun_cmd(nprocs, *args, module=module), stdout=out, stderr=err,
-                          env=_threads_env(nprocs))
-        t0, code = time.monotonic(), None
-        try:
-            while (code := p.poll()) is None:
-                if stop_when is not None and stop_when(): stop_process(p, grace_s=60); break
-                if time.monotonic() - t0 > timeout_s:
-                    stop_process(p, grace_s=60)
-                    raise LaunchError(f"did not finish within {timeout_s:.0f} s; raise "
-                                      "--timeout_s, or look for a rank stuck in a collective")
-                time.sleep(poll_s)
-        except BaseException: stop_process(p, grace_s=60); raise
-    return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
-
 def _error_lines(stderr:str, prefix:str) -> str:
     "The first line that starts with the program's error `prefix`, or the end of stderr."
     ours = [l for l in stderr.splitlines() if prefix in l]
@@ -122,7 +104,7 @@ def measure_allreduce(nprocs:int, sizes=None, timeout_s:float=300) -> dict:
     "All-reduce bandwidth over `sizes` bytes (default: the device's SIZES) on `nprocs` processes."
     sizes = sizes or SIZES['cuda' if torch.cuda.is_available() else 'cpu']
     return launch_workers(allreduce_worker, nprocs, sizes, group_timeout_s=120,
-                          timeout_s=timeout_s)[0]
+                          job_timeout_s=timeout_s)[0]
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
@@ -194,8 +176,15 @@ def same_val(row:dict, ev:dict) -> tuple[bool, str]:
 
 # %% ../nbs/program/11_doctor.ipynb #c0000019
 def _train(nprocs, keys, workdir, tag, timeout_s, stop_when=None):
-    logdir = Path(workdir)/f'log-{tag}'
-    return run_torchrun(nprocs, 'cifar_ddp_tut.train', cli(keys), logdir, timeout_s, stop_when)
+    "Train under torchrun, output in files: (exit code, None if stopped; stdout; stderr)."
+    logdir = Path(workdir)/f'log-{tag}'; logdir.mkdir(parents=True, exist_ok=True)
+    with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
+        try: code = run_process(torchrun_cmd(nprocs, *cli(keys)), timeout_s, stop_when, grace_s=60,
+                                stdout=out, stderr=err, env=_threads_env(nprocs)).returncode
+        except TimeoutExpired: raise LaunchError(
+            f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank stuck "
+            "in a collective") from None
+    return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
 
 def _why(code, err): return f"exit code {code}: {_error_lines(err, 'cifar_ddp_train: error: ')}"
 

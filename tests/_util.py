@@ -1,8 +1,8 @@
 "Helpers for tests that run the real program under torchrun."
-import json, os, subprocess, sys, time
+import json, os, sys, time
 from pathlib import Path
 import psutil
-from cifar_ddp_tut.dist import start_process, stop_process, torchrun_cmd
+from cifar_ddp_tut.launch import run_process, start_process, stop_process, torchrun_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT/'config'/'cpu_quickstart.yaml'
@@ -16,17 +16,14 @@ def torchrun(nproc, *args, timeout=300, extra_env=None, launcher_args=(), module
     "Run `torchrun --standalone --nproc_per_node=nproc -m module *args`; (CompletedProcess, seconds)."
     t0 = time.monotonic()
     cmd = torchrun_cmd(nproc, *args, module=module, launcher_args=launcher_args)
-    p = start_process(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(extra_env), cwd=ROOT)
-    try: out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired: stop_process(p, 10); raise  # its workers too
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err), time.monotonic() - t0
+    p = run_process(cmd, timeout, env=_env(extra_env), cwd=ROOT)  # past it: stopped, its workers too
+    return p, time.monotonic() - t0
 
 
 def run_module(module, *args, timeout=300):
     "Run `python -m module *args` from the repository, one thread a process; (CompletedProcess, seconds)."
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, '-m', module, *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                       env=_env(None), cwd=ROOT)
+    p = run_process([sys.executable, '-m', module, *args], timeout, env=_env(None), cwd=ROOT)
     return p, time.monotonic() - t0
 
 
@@ -75,13 +72,9 @@ def snapshot_value(save_dir, key='epochs_run'):
     except Exception: return 0
 
 
-def kill_tree(pid, sig=9):
-    "Send `sig` to `pid` and all its descendants (torchrun's workers live in sessions of their own)."
-    try: below = [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess: below = []
-    for p in [pid, *below]:
-        try: os.kill(p, sig)
-        except ProcessLookupError: pass
+def kill_tree(p):
+    "SIGKILL torchrun `p` (a Popen) and every process below it, as a crash or a lost machine would."
+    stop_process(p, grace_s=0)
 
 
 def world_pids(out_text):

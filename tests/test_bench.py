@@ -1,10 +1,11 @@
 "The benchmark command end to end on CPU, the fast config file, and the accuracy check: the fast recipe learns as well as the original."
-import json, os, subprocess, sys, time, uuid
+import json, os, sys, time, uuid
 import psutil, pytest
 from _util import ROOT, run_module, wait_for
 from conftest import train_quickstart
 from cifar_ddp_tut.bench import RECIPES, bench_config
 from cifar_ddp_tut.config import config_dict, load_config
+from cifar_ddp_tut.launch import run_process
 
 FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s', 'peak_mem_gb', 'ratio_to_original',
           'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'projected_5_epochs_all_in_s', 'per_rank_batch',
@@ -94,7 +95,7 @@ def test_sync_debug_notice_is_not_a_host_sync():
     import torch
     if not hasattr(torch._C, '_cuda_set_sync_debug_mode'): pytest.skip("this torch build has no CUDA bindings")
     # a fresh process: torch prints the notice once per process
-    p = subprocess.run([sys.executable, '-c', SYNC_NOTICE_PROBE], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    p = run_process([sys.executable, '-c', SYNC_NOTICE_PROBE], 120, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(got['messages']) == 1 and 'does not yet detect all synchronizing operations' in got['messages'][0], got
@@ -117,8 +118,7 @@ def test_bench_timeout_stops_the_workers(tmp_path):
     t0 = time.monotonic()
     cmd = [sys.executable, '-m', 'cifar_ddp_tut.bench', '--recipes', 'original', '--nprocs', '2',
            '--timeout_s', '4', '--out', str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, 'OMP_NUM_THREADS': '1', 'BENCH_TEST_MARK': mark})
+    p = run_process(cmd, 120, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1', 'BENCH_TEST_MARK': mark})
     secs = time.monotonic() - t0
     msg = "recipe 'original' on 2 process(es) did not finish within 4 s"
     assert p.returncode == 1 and msg in p.stderr, p.stderr[-3000:]

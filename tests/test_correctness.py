@@ -1,12 +1,13 @@
 """Faults a first GPU run would hit, proven on CPU (issue 8): the logged validation is the saved model's, resume
 keeps random states on the CPU, static graph + accumulation is refused, cuDNN autotuning, torch's error types."""
-import dataclasses, json, os, stat, subprocess, sys
+import dataclasses, json, os, stat, sys
 import pytest
 import torch
 from _util import QUICKSTART, ROOT, torchrun
 from cifar_ddp_tut import train
 from cifar_ddp_tut.config import ConfigError, load_config
 from cifar_ddp_tut.dist import DistEnv
+from cifar_ddp_tut.launch import run_process
 
 TOL = 1e-5
 SMALL = ['--synthetic_train_size', '640', '--synthetic_test_size', '101']
@@ -16,8 +17,8 @@ def _eval(nproc, ckpt, save_dir, data, *extra):
     args = ['--cfg', QUICKSTART, '--data_dir', data, *SMALL, '--save_dir', save_dir, '--eval_only', 'true',
             '--checkpoint', ckpt, *extra]
     if nproc == 1:  # one plain process, no process group at all
-        p = subprocess.run([sys.executable, '-m', 'cifar_ddp_tut.train', *map(str, args)], capture_output=True, text=True,
-                           timeout=300, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+        p = run_process([sys.executable, '-m', 'cifar_ddp_tut.train', *args], 300, cwd=ROOT,
+                        env={**os.environ, 'OMP_NUM_THREADS': '1'})
     else: p, _ = torchrun(nproc, *args)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads((save_dir/'eval.json').read_text())

@@ -1,10 +1,11 @@
 """Elastic restarts under torchrun, with no spare restarts: every restarted group must form, every time.
 And the connect phase of `setup` honours timeout_s: a rank that cannot join fails with one line."""
-import os, signal, subprocess, sys, time
+import os, signal, sys, time
 import pytest
 from _util import (ROOT, QUICKSTART, read_metrics, start_torchrun, children, wait_for, snapshot_value,
                    same_history, small_args as small)
-from cifar_ddp_tut.dist import free_port, stop_process
+from cifar_ddp_tut.dist import free_port
+from cifar_ddp_tut.launch import run_process, stop_process
 
 EPOCHS = 4
 KILLS = EPOCHS - 1  # one SIGKILL after each snapshot but the last: max-restarts equals the kills, none to spare
@@ -49,7 +50,7 @@ def _alone(rank, timeout_s, code=None, world_size=2):
     cmd = [sys.executable, '-c', code] if code else [sys.executable, '-m', 'cifar_ddp_tut.train', '--cfg', QUICKSTART,
                                                     '--timeout_s', str(timeout_s), '--plot', 'false']
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    p = run_process(cmd, 120, env=env, cwd=ROOT)
     return p, time.monotonic() - t0
 
 

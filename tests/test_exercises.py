@@ -423,7 +423,7 @@ CRASH = [(1, total_images_sizes, 'with tensors of different shapes'),
 
 @pytest.mark.parametrize('n,fn,says', CRASH, ids=[f.__name__ for _, f, _ in CRASH])
 def test_a_crash_is_a_verdict(n, fn, says, capsys):
-    out = verdict(capsys, n, fn, seed=0, timeout_s=8)
+    out = verdict(capsys, n, fn, seed=0, job_timeout_s=8)
     assert f'Exercise {n}: not yet right' in out and says in out and 'Hint: ' in out, out
     assert 'Traceback' not in out, out
 

@@ -1,10 +1,11 @@
 """Faults with real processes: resume after a kill, a peer that stops answering, and two torchrun 'nodes' on one
 machine (elastic restarts: test_elastic.py)."""
-import os, signal, subprocess, sys, time
+import os, signal, sys, time
 import pytest
 from _util import (read_metrics, torchrun, start_torchrun, children, kill_tree, wait_for,
                    snapshot_value, world_pids, same_history, small_args as small)
 from cifar_ddp_tut.dist import free_port
+from cifar_ddp_tut.launch import run_process
 
 EPOCHS = 4
 
@@ -20,7 +21,7 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, reference):
     args = small(tmp_path/'run', tmp_path/'data')
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
     wait_for(lambda: snapshot_value(tmp_path/'run') >= 1 or p.poll() is not None, 300, 'the first snapshot')
-    kill_tree(p.pid); p.wait(30)
+    kill_tree(p)
     done = len(read_metrics(tmp_path/'run'))
     assert 1 <= done < EPOCHS, f"killed after {done} epochs: the run was too fast to interrupt"
     p2, _ = torchrun(2, *args)
@@ -39,7 +40,7 @@ def test_mid_epoch_snapshots_resume(tmp_path):
     args = small(tmp_path/'run', tmp_path/'data', '--snapshot_every', '3', '--epoch', '2')
     p = start_torchrun(2, *args, log_dir=tmp_path/'logs')
     wait_for(lambda: snapshot_value(tmp_path/'run', 'batches_done') > 0 or p.poll() is not None, 300, 'a mid-epoch snapshot')
-    kill_tree(p.pid); p.wait(30)
+    kill_tree(p)
     p2, _ = torchrun(2, *args)
     assert p2.returncode == 0, p2.stderr[-3000:]
     assert 'batches into the next' in p2.stdout, p2.stdout
@@ -99,7 +100,7 @@ def dying_save(obj, f, *a, **k):
 torch.save = dying_save
 save_atomic({{'model': {{'w': torch.zeros(10)}}, 'epochs_run': 2}}, {str(tmp_path/'snapshot.pt')!r})
 """
-    p = subprocess.run([sys.executable, '-c', crash], capture_output=True, text=True, timeout=120)
+    p = run_process([sys.executable, '-c', crash], 120)
     assert p.returncode == 9, p.stderr
     assert (tmp_path/'snapshot.pt').read_bytes() == before
     assert load_checkpoint(tmp_path/'snapshot.pt')['epochs_run'] == 1

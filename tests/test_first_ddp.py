@@ -7,6 +7,7 @@ import pytest
 import torch
 from _util import ROOT
 from cifar_ddp_tut.data import write_synthetic_cifar10
+from cifar_ddp_tut.launch import TORCHRUN
 from cifar_ddp_tut.lessons.figures import diff_html, listing_html
 from cifar_ddp_tut.lessons.tools import results, run
 
@@ -30,7 +31,7 @@ def test_torchrun_world_of_one_is_one_process(tmp_path):
     assert all(0 < l < 5 for l in r1['losses']), out1
     sd = torch.load(tmp_path/'s1.pt')
     assert not any(k.startswith('module.') for k in sd) and sd['fc.weight'].shape == (10, 512)
-    out3 = run('-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=1', str(STEPS/'s3_torchrun.py'),
+    out3 = run(*TORCHRUN[1:], '--standalone', '--nproc_per_node=1', str(STEPS/'s3_torchrun.py'),
                *TINY, '--data', 'data', '--out', 's3.pt', cwd=tmp_path, timeout=TIMEOUT, show=False)
     r3 = results(out3)
     assert len(epoch_lines(out3)) == 2 and out3.count('param_sum') == 1, out3

@@ -70,7 +70,7 @@ class Nodes:
 
     def kill_all(self):
         for p in self.started:
-            if p.poll() is None: kill_tree(p.pid)
+            if p.poll() is None: kill_tree(p)
 
 
 def _after_snapshot_1(nodes, run):
@@ -101,7 +101,7 @@ def test_a_replaced_node_rejoins(tmp_path, reference):
     try:
         a, b = nodes.start(), nodes.start()
         _after_snapshot_1(nodes, run)
-        kill_tree(b.pid); b.wait(); t_kill = time.monotonic()
+        kill_tree(b); t_kill = time.monotonic()
         time.sleep(2)
         c = nodes.start()
         wait_for(lambda: 'resuming from' in nodes.out() or a.poll() is not None, 2 * JOIN_S, 'the re-formed job')

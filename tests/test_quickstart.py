@@ -1,11 +1,12 @@
 "The foundation, end to end: the quickstart under torchrun on 2 gloo processes, and a plain single process."
-import subprocess, sys
+import sys
 import pytest
 from pathlib import Path
 from _util import QUICKSTART, ROOT, read_metrics
 from cifar_ddp_tut.checkpoint import load_checkpoint, load_model_state
 from cifar_ddp_tut.config import load_config
 from cifar_ddp_tut.model import build_model
+from cifar_ddp_tut.launch import run_process
 
 
 @pytest.mark.slow
@@ -38,7 +39,7 @@ def test_single_plain_process(tmp_path):
     cmd = [sys.executable, '-m', 'cifar_ddp_tut.train', '--cfg', str(QUICKSTART), '--save_dir', str(out),
            '--data_dir', str(tmp_path/'data'), '--epoch', '1', '--max_steps_per_epoch', '4', '--synthetic_train_size', '300',
            '--synthetic_test_size', '51', '--plot', 'false']
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    p = run_process(cmd, 180, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     assert '1 process(es) on cpu (no process group)' in p.stdout
     h, = read_metrics(out)
@@ -50,6 +51,6 @@ def test_console_script_help():
     "The console script `cifar_ddp_train` is installed beside this interpreter and documents every key."
     script = Path(sys.executable).parent/'cifar_ddp_train'
     assert script.exists(), "pip install -e . should install the cifar_ddp_train console script"
-    p = subprocess.run([str(script), '--help'], capture_output=True, text=True, timeout=60)
+    p = run_process([script, '--help'], 60)
     assert p.returncode == 0, p.stderr
     for key in ('--batch_size', '--save_dir', '--eval_only', '--timeout_s', 'GLOBAL batch'): assert key in p.stdout

@@ -4,7 +4,6 @@ saved figures, links that lead somewhere, and the error atlas through the search
 import html
 import json
 import re
-import subprocess
 import sys
 import time
 from html.parser import HTMLParser
@@ -12,6 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+from cifar_ddp_tut.launch import run_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / 'nbs'
@@ -64,9 +64,8 @@ def site(tmp_path_factory):
     "The site, built once for this module from the notebooks as they are saved."
     out = tmp_path_factory.mktemp('site') / '_site'
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(out)],
-                       cwd=ROOT, capture_output=True, text=True, env={**__import__('os').environ,
-                                                                    'NO_MKDOCS_2_WARNING': '1'})
+    p = run_process([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', out], 600,
+                    cwd=ROOT, env={**__import__('os').environ, 'NO_MKDOCS_2_WARNING': '1'})
     print(f"mkdocs build: {time.monotonic() - t0:.0f} s")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     return out
@@ -209,9 +208,8 @@ def test_searching_an_error_message_finds_the_atlas(site, message):
 def test_nbdev_docs_sidebar_has_the_same_order():
     """`nbdev_docs` (with Quarto) writes nbs/sidebar.yml from the same files: checked without
     Quarto by asking nbdev for the sidebar it would write."""
-    p = subprocess.run([sys.executable, '-c', 'from nbdev.quarto import nbdev_sidebar; '
-                        'nbdev_sidebar.__wrapped__(printit=True, force=True)'],
-                       cwd=ROOT, capture_output=True, text=True)
+    p = run_process([sys.executable, '-c', 'from nbdev.quarto import nbdev_sidebar; '
+                     'nbdev_sidebar.__wrapped__(printit=True, force=True)'], 300, cwd=ROOT)
     assert p.returncode == 0, p.stderr[-3000:]
     listed = re.findall(r'^\s*- (\S+\.ipynb)\s*$', p.stdout, re.M)
     assert listed == [nb.relative_to(NBS).as_posix() for nb in notebooks()], p.stdout

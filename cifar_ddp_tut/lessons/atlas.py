@@ -17,9 +17,9 @@ from .figures import show
 
 # %% auto #0
 __all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused_error',
-           'load_next_batch', 'job_main', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps', 'early_stop',
-           'demo_decide_together', 'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven', 'demo_gather_eval',
-           'NumberStream', 'demo_stream', 'ToyTracker', 'demo_logging']
+           'load_next_batch', 'job_main', 'dump_stacks', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps',
+           'early_stop', 'demo_decide_together', 'run_job', 'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven',
+           'demo_gather_eval', 'NumberStream', 'demo_stream', 'ToyTracker', 'demo_logging']
 
 # %% ../../nbs/course/08_error_atlas.ipynb #344a6333
 def mismatched(env:DistEnv, group) -> str:
@@ -87,6 +87,29 @@ def job_main(argv=None):
     t = torch.ones(1); dist.all_reduce(t)
     if rank == 0: print(f"all_reduce: {t.item():g}", flush=True)
     dist.destroy_process_group()
+
+# %% ../../nbs/course/08_error_atlas.ipynb #a71a5d01
+import subprocess, sys
+from ..launch import TORCHRUN, run_process, start_process, stop_process
+from .tools import write_script, worker_pids, strip_paths
+
+def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0) -> dict:
+    "Run `fn` under torchrun with `--hang`, `kill -USR1` every rank, stop the job: {rank: stack}."
+    folder = Path(folder)
+    p = start_process([*TORCHRUN, '--standalone', f'--nproc_per_node={nproc}',
+                       write_script(folder, fn), '--hang'],
+                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                      env={**os.environ, 'OMP_NUM_THREADS': '1', 'STACK_DIR': str(folder)})
+    try:
+        lines, deadline = '', time.monotonic() + 60
+        while len(worker_pids(lines)) < nproc and time.monotonic() < deadline and p.poll() is None:
+            lines += p.stdout.readline()  # each rank prints its pid
+        time.sleep(wait_s)  # every rank is now where it will stay
+        for pid in worker_pids(lines).values(): os.kill(pid, signal.SIGUSR1)  # kill -USR1 <pid>
+        time.sleep(0.5)
+    finally: stop_process(p, 10)
+    return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
+            for r in range(nproc) if (folder/f'stack-rank{r}.txt').exists()}
 
 # %% ../../nbs/course/08_error_atlas.ipynb #f89072de
 class Tower(nn.Module):
@@ -177,6 +200,13 @@ def demo_decide_together(env:DistEnv, timeout_s:float=2.0) -> dict:
         out[case] = dict(nan=nan, early=early)
     dist.barrier()
     return out
+
+# %% ../../nbs/course/08_error_atlas.ipynb #a71a5d02
+def run_job(args:list, launcher:str|None=None) -> dict:
+    "`torchrun *args` (or `python -m launcher *args`), as typed in a shell: rc, stdout, stderr."
+    cmd = [*TORCHRUN, *args] if launcher is None else [sys.executable, '-m', launcher, *args]
+    p = run_process(cmd, job_timeout_s=60, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    return dict(rc=p.returncode, out=p.stdout, err=p.stderr)
 
 # %% ../../nbs/course/08_error_atlas.ipynb #cc03365c
 def toy_eval_set(idx:torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,8 +4,7 @@
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #8f6bc643
 from __future__ import annotations
-import ast, contextlib, importlib, inspect, io, json, math, os, pickle, queue, random, re, shutil
-import signal
+import ast, contextlib, importlib, inspect, io, json, math, os, pickle, random, re, shutil
 import tempfile, textwrap, time, tokenize
 from dataclasses import dataclass
 from typing import Callable
@@ -14,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from ..dist import setup, teardown, free_port
+from ..launch import launch
 from .tools import forkserver_preload
 
 # %% auto #0
@@ -187,31 +186,24 @@ def _first_line(e:BaseException) -> str:
     first = first.removeprefix(f"{type(e).__name__}: ")  # a future's error repeats its type
     return f"{type(e).__name__}: {first.split('. ')[0]}"[:200]
 
-def _worker(rank, world, port, n, source, name, modules, inputs, logdir, results, release,
-            timeout_s):
-    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank),
-                      LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS='1')
-    torch.set_num_threads(1)
+def _exercise(env, n, source, name, modules, inputs, logdir):
+    "One rank of exercise `n`: the learner's function on this rank's inputs, collectives logged."
     global LOG
-    LOG = Log(os.path.join(logdir, f'rank{rank}.jsonl'))
-    err = os.open(os.path.join(logdir, f'rank{rank}.err'), os.O_WRONLY | os.O_CREAT)
+    LOG = Log(os.path.join(logdir, f'rank{env.rank}.jsonl'))
+    err = os.open(os.path.join(logdir, f'rank{env.rank}.err'), os.O_WRONLY | os.O_CREAT)
     os.dup2(err, 2)  # what gloo prints as it aborts the process: read back into the verdict
     try:
-        setup('gloo', timeout_s)
         for c in COLLECTIVES: setattr(dist, c, _traced(c, REAL[c]))
         fn, out = compile_function(source, name, modules), []
-        for i, mine in enumerate(pickle.loads(inputs)):
+        for i, mine in enumerate(pickle.loads(inputs[env.rank])):
             LOG.case, LOG.step = i, None
             out.append(EXERCISES[n].run(fn, mine))
-        results.put((rank, 'ok', pickle.dumps(out)))
-    except BaseException as e:
-        results.put((rank, 'error', dict(error=_first_line(e), case=LOG.case, step=LOG.step,
-                                         todo=isinstance(e, NotImplementedError),
-                                         name_error=isinstance(e, NameError),
-                                         waited=bool(WAITED.search(str(e))))))
-    release.wait(3 * timeout_s + 30)  # a rank that is done stays, as it would in training
-    teardown()
+        return 'ok', out
+    except BaseException as e:  # returned, not raised: the rank stays, as it would in training
+        return 'error', dict(error=_first_line(e), case=LOG.case, step=LOG.step,
+                             todo=isinstance(e, NotImplementedError),
+                             name_error=isinstance(e, NameError),
+                             waited=bool(WAITED.search(str(e))))
 
 def _last_words(path) -> str:
     "The reason C++ gave as it aborted the process (`what():  ...`), if it printed one."
@@ -230,39 +222,24 @@ def _read_log(path) -> list:
     return events
 
 def run_ranks(n:int, source:str, name:str, modules:dict, world:int, inputs:list,
-              timeout_s:float=20, collective_timeout_s:float=4) -> list:
+              job_timeout_s:float=20, group_timeout_s:float=4) -> list:
     "Run exercise `n`'s harness around the learner's function on `world` processes: each outcome."
-    ctx = torch.multiprocessing.get_context('forkserver')
-    results, release, port = ctx.Queue(), ctx.Event(), free_port()
     logdir = tempfile.mkdtemp(prefix='checker-')
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world, port, n, source, name, modules, inputs[r], logdir, results,
-                               release, collective_timeout_s)) for r in range(world)]
-    for p in procs: p.start()
-    got, start, first_death = {}, time.monotonic(), None
-    while len(got) < world and time.monotonic() - start < timeout_s:
-        try: r, kind, val = results.get(timeout=0.2)
-        except queue.Empty:
-            if any(p.exitcode is not None for r, p in enumerate(procs) if r not in got):
-                first_death = first_death or time.monotonic()  # the others' collectives fail
-                if time.monotonic() - first_death > collective_timeout_s + 2: break
-            continue
-        got[r] = (kind, pickle.loads(val) if kind == 'ok' else val)
-    codes = [p.exitcode for p in procs]  # before the ranks that finished are let go
-    release.set()
-    for p in procs:
-        p.join(timeout=3)
-        if p.is_alive(): p.kill(); p.join()
+    outcomes = launch(_exercise, world, n, source, name, modules, inputs, logdir,
+                      group_timeout_s=group_timeout_s, job_timeout_s=job_timeout_s,
+                      start_method='forkserver', outcomes=True)
     ranks = []
-    for r, p in enumerate(procs):
-        kind, val = got.get(r, (None, None))
-        x = dict(rank=r, log=_read_log(os.path.join(logdir, f'rank{r}.jsonl')))
-        if kind == 'ok': x.update(status='ok', values=val)
-        elif kind == 'error': x.update(status='raised', **val)
-        elif codes[r] is None: x.update(status='hung', seconds=timeout_s)
-        else: x.update(status='died', exitcode=codes[r],
-                       signal=signal.Signals(-codes[r]).name if codes[r] < 0 else None,
-                       said=_last_words(os.path.join(logdir, f'rank{r}.err')))
+    for o in outcomes:
+        x = dict(rank=o['rank'], log=_read_log(os.path.join(logdir, f"rank{o['rank']}.jsonl")))
+        if o['status'] == 'ok':  # the harness returned: ('ok', values) or ('error', what)
+            kind, val = o['value']
+            x.update(status='ok', values=val) if kind == 'ok' else x.update(status='raised', **val)
+        elif o['status'] == 'raised':  # it could not join the process group
+            x.update(status='raised', error=o['error'].splitlines()[0][:200], case=None, step=None,
+                     todo=False, name_error=False, waited=bool(WAITED.search(o['error'])))
+        elif o['status'] == 'hung': x.update(status='hung', seconds=job_timeout_s)
+        else: x.update(status='died', exitcode=o['exitcode'], signal=o['signal'],
+                       said=_last_words(os.path.join(logdir, f"rank{o['rank']}.err")))
         ranks.append(x)
     shutil.rmtree(logdir, ignore_errors=True)
     return ranks
@@ -377,7 +354,7 @@ def verdict(ex:Exercise, cases:list, ranks:list, world:int):
             return (f"on {world} processes the results were right this time, but a collective "
                     "started with async_op=True was never waited for: a race.", ASYNC_HINT)
 
-def check(n:int, fn, seed:int|None=None, timeout_s:float=20, collective_timeout_s:float=4):
+def check(n:int, fn, seed:int|None=None, job_timeout_s:float=20, group_timeout_s:float=4):
     "Run the learner's `fn` for exercise `n` on each of its world sizes; print the verdict."
     ex = EXERCISES[n]
     try: source = inspect.getsource(fn)
@@ -402,8 +379,8 @@ def check(n:int, fn, seed:int|None=None, timeout_s:float=20, collective_timeout_
     for world in ex.worlds:
         cases = shown[world] = ex.cases(rng, world)
         inputs = [pickle.dumps([ex.inputs(c, r) for c in cases]) for r in range(world)]
-        ranks = run_ranks(n, source, fn.__name__, modules, world, inputs, timeout_s,
-                          collective_timeout_s)
+        ranks = run_ranks(n, source, fn.__name__, modules, world, inputs, job_timeout_s,
+                          group_timeout_s)
         try: bad = verdict(ex, cases, ranks, world)
         except Exception as e:
             bad = (f"on {world} processes the ranks returned what the checker cannot compare "

@@ -8,12 +8,13 @@ import contextlib, datetime, os, re, shlex, signal, subprocess, sys, tempfile, t
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from ..dist import DistEnv, in_order, launch, start_process, stop_process
+from ..dist import DistEnv, in_order
+from ..launch import TORCHRUN, launch, start_process, stop_process
 
 # %% auto #0
-__all__ = ['whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines', 'run_together',
-           'run', 'results', 'first_line', 'group_with', 'write_script', 'worker_pids', 'run_job', 'strip_paths',
-           'no_pids', 'error_lines', 'dump_stacks']
+__all__ = ['whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines', 'run',
+           'results', 'first_line', 'group_with', 'write_script', 'worker_pids', 'strip_paths', 'no_pids',
+           'error_lines']
 
 # %% ../../nbs/program/12_course_tools.ipynb #7736759d
 def whoami(env:DistEnv) -> tuple:
@@ -71,12 +72,12 @@ def exception_lines(text:str) -> list:
 # %% ../../nbs/program/12_course_tools.ipynb #7dabf952
 def _shown(args) -> str: return 'python ' + shlex.join(map(str, args))
 
-def run_together(cmds, cwd='.', timeout:float=300, gpu:bool=False, show:bool=True) -> list[str]:
-    "Start `python *args` for every `args` in `cmds` at once; wait for all; their outputs."
+def run(*args, cwd='.', timeout:float=300, gpu:bool=False, show:bool=True, copies:int=1) -> str:
+    "Run `python *args` in `cwd` (`copies` of it at once), print the command and output, return it."
     env = {**os.environ, 'OMP_NUM_THREADS': '1', **({} if gpu else {'CUDA_VISIBLE_DEVICES': ''})}
-    files = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')) for _ in cmds]
-    procs = [start_process([sys.executable, *c], cwd=cwd, env=env, stdout=o, stderr=e)
-             for c, (o, e) in zip(cmds, files)]
+    files = [(tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')) for _ in range(copies)]
+    procs = [start_process([sys.executable, *args], cwd=cwd, env=env, stdout=o, stderr=e)
+             for o, e in files]
     deadline, late = time.monotonic() + timeout, []
     for p in procs:
         try: p.wait(max(0.1, deadline - time.monotonic()))
@@ -86,19 +87,15 @@ def run_together(cmds, cwd='.', timeout:float=300, gpu:bool=False, show:bool=Tru
     for f in files:
         for x in f: x.seek(0)
         outs.append((f[0].read(), f[1].read())); f[0].close(); f[1].close()
-    for c, p, (out, err) in zip(cmds, procs, outs):
+    for p, (out, err) in zip(procs, outs):
         if p in late or p.returncode:
             why = f"did not finish in {timeout:g} s" if p in late else f"exited with {p.returncode}"
-            raise RuntimeError(f"`{_shown(c)}` {why}; the end of its stderr:\n{err[-3000:]}")
+            raise RuntimeError(f"`{_shown(args)}` {why}; the end of its stderr:\n{err[-3000:]}")
     if show:
-        for c in cmds: print('$', _shown(c))
+        print('$', _shown(args) + (f"   (x{copies}, at once)" if copies > 1 else ''))
         for i, (out, _) in enumerate(outs):
-            print(f"--- launcher {i}:\n" if len(cmds) > 1 else '', out, sep='', end='')
-    return [out for out, _ in outs]
-
-def run(*args, cwd='.', timeout:float=300, gpu:bool=False, show:bool=True) -> str:
-    "Run `python *args` in `cwd`, print the command and its output, return the output."
-    return run_together([args], cwd, timeout, gpu, show)[0]
+            print(f"--- launcher {i}:\n" if copies > 1 else '', out, sep='', end='')
+    return ''.join(out for out, _ in outs)
 
 # %% ../../nbs/program/12_course_tools.ipynb #cf4d91b3
 def results(out:str) -> dict:
@@ -136,20 +133,6 @@ def worker_pids(out:str) -> dict:
     found = re.findall(r'rank (\d+) \(local rank \d+\) pid (\d+)', out)
     return {int(r): int(pid) for r, pid in found}
 
-def run_job(args:list, timeout_s:float=60, env:dict|None=None,
-            launcher:str='torch.distributed.run', on_start=None) -> dict:
-    "Run `python -m launcher *args`: rc, stdout, stderr, seconds. Nothing it started survives."
-    t0 = time.monotonic()
-    p = start_process([sys.executable, '-m', launcher, *args], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE,
-                      env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
-    if on_start: on_start(p)
-    try: out, err = p.communicate(timeout=timeout_s); rc = p.returncode
-    except subprocess.TimeoutExpired:
-        stop_process(p, 10); out, err = p.communicate(); rc = 'killed after timeout'
-    stop_process(p, 10, worker_pids(out).values())
-    return dict(rc=rc, out=out, err=err, seconds=time.monotonic() - t0)
-
 # %% ../../nbs/program/12_course_tools.ipynb #bfee4213
 def strip_paths(text:str) -> str:
     "`text` without this machine's folders: up to `site-packages/` or the package, temp -> `<tmp>`."
@@ -166,19 +149,3 @@ def error_lines(text:str, n:int=2) -> str:
     hits = [l.strip() for l in text.splitlines() if re.search(r'Error\b|error:', l)
             and 'frame #' not in l]
     return strip_paths('\n'.join(hits[-n:]))
-
-# %% ../../nbs/program/12_course_tools.ipynb #3fb3bf7e
-def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0, timeout_s:float=60) -> dict:
-    "Start `fn` under torchrun with `--hang`, SIGUSR1 every rank, stop the job: {rank: stack}."
-    folder = Path(folder); script = write_script(folder, fn)
-    def signal_ranks(p):
-        lines, deadline = '', time.monotonic() + timeout_s
-        while len(worker_pids(lines)) < nproc and time.monotonic() < deadline and p.poll() is None:
-            lines += p.stdout.readline()
-        pids = worker_pids(lines); time.sleep(wait_s)  # every rank is now where it will stay
-        for rank in sorted(pids): os.kill(pids[rank], signal.SIGUSR1)
-        time.sleep(0.5); stop_process(p, 10, pids.values())
-    run_job(['--standalone', f'--nproc_per_node={nproc}', script, '--hang'], timeout_s,
-            env=dict(STACK_DIR=str(folder)), on_start=signal_ranks)
-    return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
-            for r in range(nproc) if (folder/f'stack-rank{r}.txt').exists()}
