@@ -100,7 +100,8 @@ def timed_steps(cfg:Config, steps:int) -> int:
 
 # %% ../nbs/program/09_benchmark.ipynb #3d1f0a27
 _FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=1, max_steps_per_epoch=0,
-              plot=False, resume=False, snapshot_every=0, eval_only=False, checkpoint='')
+              plot=False, resume=False, snapshot_every=0, eval_only=False, checkpoint='',
+              device=[])  # the benchmark starts its own processes: local rank i uses cuda:i
 
 def bench_config(recipe:str, size:str='small', nprocs:int=1, warmup:int=2, steps:int=8,
                  eval_batches:int=2, cfg:str|None=None, overrides:dict|None=None,

@@ -147,6 +147,7 @@ def test_fast_config_file():
     # and the benchmark runs it as a recipe of its own
     c = bench_config(str(ROOT/'config'/'classifier_cifar10_fast.yaml'), 'small')
     assert c.device_data and c.amp == 'bf16' and c.model == 'resnet18' and c.dataset == 'synthetic'
+    assert c.device == []  # the file's GPU list is for torchrun's 4 processes; the benchmark starts its own
 
 
 
