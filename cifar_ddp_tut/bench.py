@@ -18,8 +18,8 @@ from .report import project, bench_table  # below, in "The report"
 # %% auto #0
 __all__ = ['PEAK_TFLOPS', 'RECIPES', 'ABLATION', 'LEVERS', 'SIZES', 'STEPS', 'HEADLINE', 'PER_PROCESS_BATCH',
            'MIN_STEPS_PER_QUEUED', 'SYNC_WARNING', 'train_flops_per_image', 'peak_dtype', 'peak_tflops', 'parse_recipe',
-           'loader_queue', 'timed_steps', 'bench_config', 'host_sync_sites', 'measure', 'median_launch', 'run_bench',
-           'main']
+           'loader_queue', 'timed_steps', 'bench_config', 'host_sync_sites', 'measure', 'median_launch',
+           'bench_settings', 'bench_configs', 'launch_recipe', 'recipe_row', 'run_bench', 'main']
 
 # %% ../nbs/program/09_benchmark.ipynb #f10b5c01
 def train_flops_per_image(cfg:Config) -> tuple[float, float]:
@@ -100,7 +100,8 @@ def timed_steps(cfg:Config, steps:int) -> int:
 
 # %% ../nbs/program/09_benchmark.ipynb #3d1f0a27
 _FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=1, max_steps_per_epoch=0,
-              plot=False, resume=False, snapshot_every=0, eval_only=False, checkpoint='')
+              plot=False, resume=False, snapshot_every=0, eval_only=False, checkpoint='',
+              device=[])  # the benchmark starts its own processes: local rank i uses cuda:i
 
 def bench_config(recipe:str, size:str='small', nprocs:int=1, warmup:int=2, steps:int=8,
                  eval_batches:int=2, cfg:str|None=None, overrides:dict|None=None,
@@ -124,18 +125,15 @@ def host_sync_sites(caught) -> list:
     return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if SYNC_WARNING in str(w.message)]
 
 # %% ../nbs/program/09_benchmark.ipynb #c1aa2a97
-def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
-    "Build the trainer (`built_at`), time `warmup` + `timed_steps` steps, two evaluations, saves."
-    trainer, built_at, dev = build_trainer(cfg, env), time.time(), env.device
-    steps, check, marks = timed_steps(cfg, steps), (check_steps if dev.type == 'cuda' else 0), {}
-    end, watch = warmup + steps, warmup + steps + 1  # host syncs: counted from one step after the
-    def hook(t):  # clock stops, so the progress bar's .item() every log_every steps is left out
+def _timed_epoch(trainer, env, warmup:int, end:int, check:int) -> tuple:
+    "One epoch, `clock` read at steps `warmup` and `end`, host syncs after: (sums, marks, syncs)."
+    marks, watch = {}, end + 1  # host syncs: counted from one step after the clock stops, so the
+    def hook(t):  # progress bar's .item() every log_every steps is left out
         if t.step in (warmup, end): marks[t.step] = clock(env)
         if check and t.step in (watch, watch + check):
             torch.cuda.set_sync_debug_mode('warn' if t.step == watch else 0)
     trainer.on_step.append(hook)
-    trainer.steps_per_epoch = (watch + check if check else end) * cfg.accumulate_steps
-    start = clock(env)
+    marks['start'] = clock(env)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always'); train = trainer.run_epoch(0)
@@ -143,20 +141,30 @@ def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
         if check: torch.cuda.set_sync_debug_mode(0)
     if end not in marks: raise RuntimeError(f"the training data ran out after {trainer.step} "
                                             f"steps of {end}; leave synthetic_train_size as it is")
+    return train, marks, host_sync_sites(caught)
+
+def measure(env, cfg:Config, warmup:int, steps:int, check_steps:int=2) -> dict:
+    "Build the trainer (`built_at`), time `warmup` + `timed_steps` steps, two evaluations, saves."
+    dev, steps = env.device, timed_steps(cfg, steps)
+    check, end = check_steps if dev.type == 'cuda' else 0, warmup + steps
+    # the epoch: warm-up, timed steps, then one step and the host-sync check's (build_trainer)
+    cfg = dataclasses.replace(cfg, max_steps_per_epoch=end + 1 + check if check else end)
+    trainer, built_at = build_trainer(cfg, env), time.time()
+    train, marks, syncs = _timed_epoch(trainer, env, warmup, end, check)
     t0 = clock(env); trainer.evaluate()  # the first evaluation: first kernels, the loader's start
     t1 = clock(env); val = trainer.evaluate()
     t2 = clock(env); trainer.save_snapshot(epoch_done=True, epoch=0)
     trainer.save_best(0, val['acc'])  # the two files fit writes after an improving epoch
-    t3, secs, warm = clock(env), marks[end] - marks[warmup], marks[warmup] - start
-    syncs, dtype = host_sync_sites(caught), peak_dtype(cfg)
+    t3, secs, warm = clock(env), marks[end] - marks[warmup], marks[warmup] - marks['start']
+    dtype, s = peak_dtype(cfg), trainer.sizes
     name = torch.cuda.get_device_name(dev) if dev.type == 'cuda' else None
     peak = torch.tensor([peak_memory_gb(dev)], dtype=torch.float64, device=dev)
-    return dict(images_per_s=steps * cfg.batch_size / secs, ms_per_step=1000 * secs / steps,
+    return dict(images_per_s=steps * s.batch / secs, ms_per_step=1000 * secs / steps,
         eval_images_per_s=val['count'] / (t2 - t1), peak_mem_gb=all_reduce_max(peak).item(),
         train_loss=train['loss'], seconds=secs, steps=steps, warmup=warmup, warmup_s=warm,
         warmup_extra_s=max(0.0, warm - warmup * secs / steps), checkpoint_s=t3 - t2,
         eval_extra_s=max(0.0, (t1 - t0) - (t2 - t1)), loader_queue=loader_queue(cfg),
-        per_rank_batch=per_rank_batch_size(cfg, env.world_size), global_batch=cfg.batch_size,
+        per_rank_batch=s.micro_batch, global_batch=s.batch,
         world_size=env.world_size, device=dev.type, threads_per_process=torch.get_num_threads(),
         built_at=built_at, host_syncs_per_step=len(syncs) / check if check else None,
         host_sync_sites=sorted(set(syncs)) if check else None, device_name=name,
@@ -170,62 +178,76 @@ def median_launch(launches:list) -> dict:
     return {**mid, 'launches': len(launches), 'images_per_s_runs': speeds,
             'spread_pct': 100 * (max(speeds) - min(speeds)) / mid['images_per_s']}
 
-def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup:int|None=None,
-              steps:int|None=None, eval_batches:int|None=None, cfg:str|None=None,
-              overrides:dict|None=None, out=None, timeout_s:float=900, verbose:bool=True,
-              repeats:int|None=None, per_process_batch=None) -> dict:
-    "Each recipe on each process count and batch: the report (failed launches in `failures`)."
-    hw, overrides = hardware(), dict(overrides or {})  # hardware: the label every figure carries
-    size = {'auto': 'full' if hw['gpus'] else 'small'}.get(size, size)
+def bench_settings(size:str, overrides:dict, nprocs, per_process_batch, **given) -> dict:
+    "Checked: `given` (warmup, steps, eval_batches, repeats; None: `size`'s STEPS) and nprocs."
     if size not in SIZES: raise ConfigError(f"size={size!r} is not one of {['auto', *SIZES]}")
-    given = dict(warmup=warmup, steps=steps, eval_batches=eval_batches, repeats=repeats)
-    warmup, steps, eval_batches, repeats = (STEPS[size][k] if v is None else v
-                                            for k, v in given.items())
+    st = {k: STEPS[size][k] if v is None else v for k, v in given.items()}
     if per_process_batch is None:  # an explicit --batch_size is the batch to time
         per_process_batch = (None,) if 'batch_size' in overrides else PER_PROCESS_BATCH[size]
     try: nprocs, batches = [int(n) for n in nprocs], [b and int(b) for b in per_process_batch]
     except ValueError: raise ConfigError(
         f"nprocs={nprocs!r}, per_process_batch={per_process_batch!r}: give integers, e.g. 1,2"
         ) from None
-    if min(warmup, steps, eval_batches, repeats, *nprocs, *(b for b in batches if b)) < 1:
-        raise ConfigError(f"warmup={warmup}, steps={steps}, eval_batches={eval_batches}, "
-                          f"repeats={repeats}, nprocs={nprocs}, per_process_batch={batches}: "
-                          "each must be at least 1")
+    if min(*st.values(), *nprocs, *(b for b in batches if b)) < 1:
+        raise ConfigError(', '.join(f"{k}={v}" for k, v in st.items()) + f", nprocs={nprocs}, "
+                          f"per_process_batch={batches}: each must be at least 1")
+    return dict(st, nprocs=nprocs, batches=batches)
+
+def bench_configs(recipes, size:str, st:dict, cfg, overrides:dict, tmp) -> dict:
+    "(recipe, nprocs, batch a process): its checked config; a mistake stops all before a launch."
+    return {(r, n, b): bench_config(r, size, n, st['warmup'], st['steps'], st['eval_batches'], cfg,
+                                    {**overrides, **({'batch_size': b * n} if b else {})},
+                                    Path(tmp)/'data', Path(tmp)/f'runs-{n}-{b}-{i}')
+            for b in st['batches'] for n in st['nprocs'] for i, r in enumerate(recipes)}
+
+def launch_recipe(r:str, n:int, c:Config, st:dict, job_timeout_s:float, verbose:bool,
+                  failures:list) -> list:
+    "`measure` of recipe `r` on `n` processes, `repeats` times if a HEADLINE: each launch's row."
+    what, launches = f"{r!r} on {n} process(es)", []
+    for _ in range(st['repeats'] if r in HEADLINE else 1):
+        t0 = time.time()
+        try: row = launch_workers(measure, n, c, st['warmup'], st['steps'], backend=c.backend,
+                                  group_timeout_s=c.timeout_s, job_timeout_s=job_timeout_s)[0]
+        except LaunchError as e:  # keep going: the other recipes' figures are worth having
+            failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
+            if verbose: print(f"{what}: failed", flush=True)
+            break
+        row.update(launch_s=round(time.time() - t0, 1),
+                   startup_s=row.pop('built_at') - t0)  # interpreter, imports, data, model
+        launches.append(row)
+        if verbose: print(f"{what}, batch {row['per_rank_batch']} a process: "
+                          f"{row['images_per_s']:.1f} images/s over {row['steps']} steps "
+                          f"({row['launch_s']:.0f} s)", flush=True)
+    return launches
+
+def recipe_row(r:str, n:int, c:Config, launches:list, flops:dict) -> dict:
+    "A line of the report: the median launch, the recipe, its model and FLOPs (`flops`: a cache)."
+    key = (c.model, c.image_size, c.cifar_stem, c.num_classes)
+    if key not in flops: flops[key] = train_flops_per_image(c)[0]
+    return {**median_launch(launches), 'recipe': r, 'nprocs': n, 'model': c.model,
+            'image_size': c.image_size, 'recipe_values': parse_recipe(r)[1],
+            'gflop_per_image': flops[key] / 1e9}
+
+def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup:int|None=None,
+              steps:int|None=None, eval_batches:int|None=None, cfg:str|None=None,
+              overrides:dict|None=None, out=None, job_timeout_s:float=900, verbose:bool=True,
+              repeats:int|None=None, per_process_batch=None) -> dict:
+    "Each recipe on each process count and batch: the report (failed launches in `failures`)."
+    hw, overrides = hardware(), dict(overrides or {})  # hardware: the label every figure carries
+    size = {'auto': 'full' if hw['gpus'] else 'small'}.get(size, size)
+    st = bench_settings(size, overrides, nprocs, per_process_batch, warmup=warmup, steps=steps,
+                        eval_batches=eval_batches, repeats=repeats)
     rows, failures, flops = [], [], {}
-    report = dict(hardware=hw, size=size, warmup=warmup, steps=steps, eval_batches=eval_batches,
-                  repeats=repeats, min_steps_per_queued=MIN_STEPS_PER_QUEUED, cfg=cfg,
-                  overrides=overrides, results=rows, failures=failures)
+    report = dict(hardware=hw, size=size, **{k: st[k] for k in STEPS[size]},
+                  min_steps_per_queued=MIN_STEPS_PER_QUEUED, cfg=cfg, overrides=overrides,
+                  results=rows, failures=failures)
     def save():
         text = json.dumps({**report, 'results': project([dict(r) for r in rows])}, indent=1)
         if out: write_atomic(out, lambda f: f.write((text + '\n').encode()))
     with tempfile.TemporaryDirectory(prefix='cifar_ddp_bench_') as tmp:
-        cfgs = {(r, n, b): bench_config(r, size, n, warmup, steps, eval_batches, cfg,
-                                        {**overrides, **({'batch_size': b * n} if b else {})},
-                                        Path(tmp)/'data', Path(tmp)/f'runs-{n}-{b}-{i}')
-                for b in batches for n in nprocs for i, r in enumerate(recipes)}  # mistakes
-        for (r, n, b), c in cfgs.items():                                       # stop it here
-            what, launches = f"{r!r} on {n} process(es)", []
-            for _ in range(repeats if r in HEADLINE else 1):
-                t0 = time.time()
-                try: row = launch_workers(measure, n, c, warmup, steps, backend=c.backend,
-                                          group_timeout_s=c.timeout_s, job_timeout_s=timeout_s)[0]
-                except LaunchError as e:  # keep going: the other recipes' figures are worth having
-                    failures.append(dict(recipe=r, nprocs=n, error=f"recipe {what} {e}"))
-                    if verbose: print(f"{what}: failed", flush=True)
-                    break
-                row.update(launch_s=round(time.time() - t0, 1),
-                           startup_s=row.pop('built_at') - t0)  # interpreter, imports, data, model
-                launches.append(row)
-                if verbose: print(f"{what}, batch {row['per_rank_batch']} a process: "
-                                  f"{row['images_per_s']:.1f} images/s over {row['steps']} steps "
-                                  f"({row['launch_s']:.0f} s)", flush=True)
-            if not launches: continue
-            key = (c.model, c.image_size, c.cifar_stem, c.num_classes)
-            if key not in flops: flops[key] = train_flops_per_image(c)[0]
-            rows.append({**median_launch(launches), 'recipe': r, 'nprocs': n, 'model': c.model,
-                         'image_size': c.image_size, 'recipe_values': parse_recipe(r)[1],
-                         'gflop_per_image': flops[key] / 1e9})
-            save()
+        for (r, n, b), c in bench_configs(recipes, size, st, cfg, overrides, tmp).items():
+            launches = launch_recipe(r, n, c, st, job_timeout_s, verbose, failures)
+            if launches: rows.append(recipe_row(r, n, c, launches, flops)); save()
     report['results'] = project(rows); save()
     return report
 
@@ -233,7 +255,7 @@ def run_bench(recipes=('original', 'fast'), nprocs=(1,), size:str='auto', warmup
 def main(argv=None):
     "Console entry point `cifar_ddp_bench`: prints a table and writes the report as JSON."
     p = cli_parser('cifar_ddp_bench', "Time training recipes on this machine. Config keys "
-                   "(--key VALUE) apply to every recipe.", conflict_handler='resolve')
+                   "(--key VALUE) apply to every recipe.")
     add = p.add_argument
     add('--recipes', default='original,fast', help=f"comma-separated: {', '.join(RECIPES)} or "
         ".yaml files, each with optional +key=value changes; or ablation, or levers (default: "
@@ -249,17 +271,16 @@ def main(argv=None):
         add(f'--{k}', type=int, help=f"{what} (default: {STEPS['full'][k]} full, "
             f"{STEPS['small'][k]} small)")
     add('--out', default='bench.json', help="where the JSON report goes (default: bench.json)")
-    add('--timeout_s', type=float, default=900, help="seconds one launch may take (default: 900); "
-        "not the config key of that name, which keeps its default")
+    add('--job_timeout_s', type=float, default=900,
+        help="seconds one launch may take (default: 900); --timeout_s is the process group's")
     try:
         a, overrides = cli_overrides(p, argv)
-        del overrides['timeout_s']  # the launch's, not the process group's
         recipes = (dict(ablation=ABLATION, levers=LEVERS).get(a.recipes)
                    or [r for r in a.recipes.split(',') if r])
         nprocs = [n for n in a.nprocs.split(',') if n.strip()]
         batches = a.per_process_batch and [b for b in a.per_process_batch.split(',') if b.strip()]
         report = run_bench(recipes, nprocs, a.size, a.warmup, a.steps, a.eval_batches, a.cfg,
-                           overrides, a.out, a.timeout_s, repeats=a.repeats,
+                           overrides, a.out, a.job_timeout_s, repeats=a.repeats,
                            per_process_batch=batches or None)
     except ConfigError as e:
         print(f"cifar_ddp_bench: error: {e}", file=sys.stderr, flush=True); sys.exit(2)

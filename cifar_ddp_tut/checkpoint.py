@@ -14,9 +14,9 @@ from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from .config import write_atomic
 
 # %% auto #0
-__all__ = ['CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'previous', 'keep_previous', 'is_zip', 'damaged_records',
-           'load_checkpoint', 'load_model_state', 'peek', 'load_resumable', 'get_rng_state', 'set_rng_state',
-           'gather_rng_states', 'unreadable', 'misfit']
+__all__ = ['PROGRESS_KEYS', 'CheckpointError', 'unwrap', 'strip_prefixes', 'save_atomic', 'previous', 'keep_previous', 'is_zip',
+           'damaged_records', 'load_checkpoint', 'load_model_state', 'peek', 'load_resumable', 'get_rng_state',
+           'set_rng_state', 'gather_rng_states', 'unreadable', 'misfit', 'snapshot_progress']
 
 # %% ../nbs/program/06_checkpoint.ipynb #1202be3d
 class CheckpointError(RuntimeError):
@@ -181,3 +181,14 @@ def misfit(ck:dict, path, e:RuntimeError) -> CheckpointError:
     return CheckpointError(f"checkpoint {str(path)!r} does not fit this model (it was saved from "
                            f"model={was!r}; {first[0][:150] if first else e}); use the config it "
                            "was trained with")
+
+# %% ../nbs/program/06_checkpoint.ipynb #c4e0a002
+PROGRESS_KEYS = ('epochs_run', 'batches_done', 'step')  # written by Trainer.save_snapshot
+
+def snapshot_progress(path) -> dict:
+    "`PROGRESS_KEYS` of the snapshot at `path`, CRC-checked; a `CheckpointError` if it has none."
+    ck = load_checkpoint(path)
+    try: return {k: int(ck[k]) for k in PROGRESS_KEYS}
+    except (KeyError, TypeError, ValueError) as e: raise CheckpointError(
+        f"snapshot {str(path)!r} is incomplete or from another version (no {e}); "
+        "start fresh with --resume false, or delete it") from None

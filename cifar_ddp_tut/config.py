@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 
 # %% auto #0
-__all__ = ['OUTPUTS', 'ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'PathError', 'check_paths', 'write_atomic',
-           'cli_parser', 'cli_overrides', 'parse_cli', 'config_dict']
+__all__ = ['OUTPUTS', 'ConfigError', 'Config', 'load_config', 'per_rank_batch_size', 'Sizes', 'run_sizes', 'PathError',
+           'check_paths', 'write_atomic', 'cli_parser', 'cli_overrides', 'parse_cli', 'config_dict']
 
 # %% ../nbs/program/01_config.ipynb #52b5dc81
 class ConfigError(ValueError):
@@ -27,13 +27,16 @@ def _f(default, doc, choices=None, min=None, max=None):
 @dataclass
 class Config:
     "Everything a run needs; the first seven keys are a typical first script's."
+    # one field a key, each with its doc: long because the keys are many; split, --help and the
+    # reader would lose the one list
     # --- the keys a typical first DDP script reads
-    device: list = _f([0, 1, 2, 3],
-        "GPU ids as older configs list them; kept so they load, torchrun decides the processes")
+    device: list = _f([],
+        "this node's GPUs: local rank i uses cuda:device[i], so list one id per process "
+        "(--nproc_per_node); [] (the default): local rank i uses cuda:i")
     batch_size: int = _f(128,
         "GLOBAL batch per optimizer step; each rank gets batch_size // world_size", min=1)
     num_workers: int = _f(4, "DataLoader worker processes per rank", min=0)
-    epoch: int = _f(5, "number of training epochs", min=1)
+    epoch: int = _f(5, "how many epochs to train (a count, not an epoch's index)", min=1)
     lr: float = _f(0.01, "peak learning rate (after warmup)", min=1e-12)
     weight_decay: float = _f(1e-4, "SGD weight decay", min=0)
     save_dir: str = _f("./checkpoints", "where metrics, checkpoints and the figure are written")
@@ -100,8 +103,14 @@ class Config:
         "also write a snapshot every this many steps (0: at each epoch end only)", min=0)
     eval_only: bool = _f(False,
         "only evaluate the model in `checkpoint` on the test set, write eval.json, exit")
-    checkpoint: str = _f("", "model checkpoint for eval_only (a best.pt or snapshot.pt)")
-    log_every: int = _f(20, "steps between progress-bar metric updates", min=1)
+    checkpoint: str = _f("",
+        "model checkpoint that eval_only evaluates (a best.pt or snapshot.pt); eval_only only")
+    log_every: int = _f(20,
+        "optimizer steps between the progress bar's loss updates (rank 0 waits for the device)",
+        min=1)
+    nan_check_every: int = _f(20,
+        "optimizer steps between the checks for a nan/inf loss (all ranks wait for the device)",
+        min=1)
     plot: bool = _f(True, "draw the loss / accuracy / lr figure at the end")
 
 # %% ../nbs/program/01_config.ipynb #9244e88d
@@ -118,7 +127,7 @@ def _check_value(key, value, f):
     ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
     if not ok:
         d = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        ex = d if isinstance(d, list) else repr(d)  # a list is written as YAML writes it: [0, 1]
+        ex = (d or [0, 1]) if isinstance(d, list) else repr(d)  # a list as YAML writes it: [0, 1]
         raise ConfigError(
             f"{key}={value!r} has type {type(value).__name__}, expected {want.__name__}"
             f" (for example {key}: {ex})")
@@ -203,6 +212,15 @@ def load_config(path=None, overrides:dict|None=None) -> Config:
     if cfg.eval_only and not cfg.checkpoint:
         raise ConfigError(
             "eval_only=true needs checkpoint=PATH; pass --checkpoint save_dir/best.pt")
+    if cfg.checkpoint and not cfg.eval_only:  # training never reads it: say so, not ignore it
+        raise ConfigError(
+            f"checkpoint={cfg.checkpoint!r} is read only with eval_only=true; to evaluate it add "
+            "--eval_only true, to continue a run use its save_dir (resume: true reads "
+            "snapshot.pt there)")
+    bad = [d for d in cfg.device if not isinstance(d, int) or isinstance(d, bool) or d < 0]
+    if bad or len(set(cfg.device)) < len(cfg.device):
+        raise ConfigError(f"device={cfg.device!r} must list distinct GPU ids, such as [0, 1], "
+                          "or be [] (local rank i uses cuda:i)")
     return cfg
 
 # %% ../nbs/program/01_config.ipynb #12362078
@@ -217,6 +235,24 @@ def per_rank_batch_size(cfg:Config, world_size:int) -> int:
             f"batch_size={cfg.batch_size} is not divisible by {what}; use a multiple of {per_step}"
             f" such as {lo or hi} or {hi}")
     return cfg.batch_size // per_step
+
+@dataclass(frozen=True)
+class Sizes:
+    "A run's sizes, derived once from the config and the world size (`run_sizes`), then carried."
+    world_size: int
+    batch: int                    # global: images one optimizer step sees over all ranks
+    accumulate_steps: int         # micro-batches in one optimizer step
+    micro_batch: int              # images one rank loads for one forward and backward
+    micro_batches_per_epoch: int  # micro-batches one rank trains an epoch: whole steps only
+    @property
+    def steps_per_epoch(self) -> int: return self.micro_batches_per_epoch // self.accumulate_steps
+
+def run_sizes(cfg:Config, world_size:int, loader_batches:int|None=None) -> Sizes:
+    "`Sizes` for `world_size`; an epoch: `loader_batches` (a loader's length), max_steps_per_epoch."
+    micro, k = per_rank_batch_size(cfg, world_size), cfg.accumulate_steps
+    n = cfg.max_steps_per_epoch * k if loader_batches is None else loader_batches
+    if cfg.max_steps_per_epoch: n = min(n, cfg.max_steps_per_epoch * k)
+    return Sizes(world_size, cfg.batch_size, k, micro, n - n % k)
 
 # %% ../nbs/program/01_config.ipynb #38025663
 class PathError(ConfigError):

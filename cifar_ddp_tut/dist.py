@@ -17,13 +17,17 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 # %% auto #0
-__all__ = ['WorldError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device', 'ConnectFailed', 'attempt_token', 'setup',
-           'teardown', 'barrier', 'all_reduce_sum', 'all_reduce_max', 'clock', 'describe_world', 'in_order',
-           'seed_everything', 'free_port', 'in_notebook', 'cpu_name', 'hardware']
+__all__ = ['TORCHRUN_VARS', 'ALLREDUCE_BYTES', 'WorldError', 'DeviceError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device',
+           'ConnectFailed', 'attempt_token', 'setup', 'teardown', 'barrier', 'all_reduce_sum', 'all_reduce_max',
+           'clock', 'bus_bandwidth', 'allreduce_rows', 'describe_world', 'in_order', 'seed_everything', 'free_port',
+           'in_notebook', 'cpu_name', 'hardware']
 
 # %% ../nbs/program/02_dist.ipynb #7614fc1d
 class WorldError(RuntimeError):
     "A distributed-setup mistake or a failure on another rank, with a message that says what to do."
+
+class DeviceError(WorldError):
+    "The config's `device` list disagrees with the launch; the same on a node's every process."
 
 class PeerFailed(WorldError):
     "Raised on the ranks that did not fail, when another rank failed inside `in_order`."
@@ -43,6 +47,10 @@ class DistEnv:
     def is_distributed(self): return self.backend is not None
 
 # %% ../nbs/program/02_dist.ipynb #e254549d
+TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK',
+                 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
+                 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')  # what torchrun sets in a worker
+
 def env_ranks(environ=None) -> dict:
     "rank, local_rank, world_size and local_world_size from torchrun's environment variables."
     e = os.environ if environ is None else environ
@@ -60,8 +68,23 @@ def env_ranks(environ=None) -> dict:
     return r
 
 # %% ../nbs/program/02_dist.ipynb #bee465f4
-def pick_device(local_rank:int, backend:str='auto'):
-    "(device, backend) of this process: cuda:LOCAL_RANK with nccl if CUDA is there, else cpu, gloo."
+def _check_devices(devices:list, local_world_size:int, cuda:bool, backend:str):
+    "`DeviceError` if the config's GPU list cannot give each of this node's processes one GPU."
+    if not devices: return
+    fix = "or remove device (device: []: local rank i uses cuda:i)"
+    if len(devices) != local_world_size: raise DeviceError(
+        f"device={devices} lists {len(devices)} GPU(s) but {local_world_size} process(es) run on "
+        f"this node; start --nproc_per_node={len(devices)}, {fix}")
+    if not cuda or backend == 'gloo': raise DeviceError(
+        f"device={devices} selects GPUs but " + ("no CUDA GPU is visible" if not cuda else
+        "backend=gloo trains on the CPU") + f"; {fix}")
+    n = torch.cuda.device_count()
+    if max(devices) >= n: raise DeviceError(
+        f"device={devices} names GPU {max(devices)} but only {n} are visible (0..{n - 1}); {fix}")
+
+def pick_device(local_rank:int, backend:str='auto', devices:list=(), local_world_size:int=1):
+    "(device, backend): cuda:devices[LOCAL_RANK] (or cuda:LOCAL_RANK) with nccl, else cpu, gloo."
+    _check_devices(list(devices), local_world_size, torch.cuda.is_available(), backend)
     if backend == 'nccl' and not torch.cuda.is_available():
         raise WorldError(
             "backend=nccl needs CUDA GPUs but none is visible; use backend: gloo (or auto) on CPU")
@@ -70,7 +93,7 @@ def pick_device(local_rank:int, backend:str='auto'):
         if local_rank >= n:
             raise WorldError(f"LOCAL_RANK={local_rank} but only {n} GPU(s) are visible; "
                             f"start at most --nproc_per_node={n} processes per node")
-        return torch.device('cuda', local_rank), 'nccl'
+        return torch.device('cuda', devices[local_rank] if devices else local_rank), 'nccl'
     return torch.device('cpu'), 'gloo'
 
 # %% ../nbs/program/02_dist.ipynb #b7d1e3a9
@@ -147,10 +170,10 @@ def _connect(be:str, rank:int, world_size:int, device, timeout_s:float):
     finally: dog.cancel()
 
 # %% ../nbs/program/02_dist.ipynb #d4a8b6c1
-def setup(backend:str='auto', timeout_s:float=300.0) -> DistEnv:
+def setup(backend:str='auto', timeout_s:float=300.0, devices:list=()) -> DistEnv:
     "Read torchrun's variables, pick this rank's device, start the process group (under torchrun)."
     r = env_ranks()
-    device, be = pick_device(r['local_rank'], backend)
+    device, be = pick_device(r['local_rank'], backend, devices, r['local_world_size'])
     if device.type == 'cuda': torch.cuda.set_device(device)
     elif 'OMP_NUM_THREADS' not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // r['local_world_size']))
@@ -184,6 +207,32 @@ def clock(env:DistEnv) -> float:
     if env.device.type == 'cuda': torch.cuda.synchronize(env.device)
     barrier(env)
     return time.perf_counter()
+
+# %% ../nbs/program/02_dist.ipynb #a11e0c02
+def bus_bandwidth(nbytes:int, seconds:float, n:int) -> tuple[float, float]:
+    "(algbw, busbw) in GB/s of an all-reduce of `nbytes` over `n` ranks in `seconds` (nccl-tests)."
+    algbw = nbytes / seconds / 1e9
+    return algbw, algbw * 2 * (n - 1) / n
+
+ALLREDUCE_BYTES = {'cpu': [2**k for k in range(12, 25, 2)],   # 4 KiB to 16 MiB
+                   'cuda': [2**k for k in range(20, 31, 2)]}  # 1 MiB to 1 GiB
+
+def allreduce_rows(env:DistEnv, sizes, warmup:int=3) -> list:
+    "In every process: check and time all_reduce of each size in `sizes` (bytes); a row a size."
+    rows, n = [], env.world_size
+    for nbytes in sizes:
+        x = torch.full((nbytes // 4,), float(env.rank + 1), device=env.device)
+        dist.all_reduce(x)
+        correct = bool((x == n * (n + 1) / 2).all())
+        iters = max(5, min(50, 2**28 // nbytes))
+        for _ in range(warmup): dist.all_reduce(x)
+        t = clock(env)
+        for _ in range(iters): dist.all_reduce(x)
+        secs = (clock(env) - t) / iters  # from every rank ready to the last rank done
+        algbw, busbw = bus_bandwidth(nbytes, secs, n)
+        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs * 1e6, algbw_gbs=algbw,
+                         busbw_gbs=busbw, correct=correct))
+    return rows
 
 # %% ../nbs/program/02_dist.ipynb #c3d8965c
 def describe_world(env:DistEnv) -> str:

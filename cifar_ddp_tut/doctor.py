@@ -11,24 +11,22 @@ import torch
 import torch.distributed as dist
 from .config import ConfigError
 from .dist import describe_world, clock, in_notebook, cpu_name
+from .dist import TORCHRUN_VARS, ALLREDUCE_BYTES, allreduce_rows
 from .launch import torchrun_cmd, run_process, launch_workers, LaunchError
-from .checkpoint import load_checkpoint
+from .checkpoint import load_checkpoint, snapshot_progress
 from .report import bench_table
 # `train` and `bench` (torchvision and more) are imported where they are used: the all-reduce
 # workers import this module and need neither
 
 # %% auto #0
-__all__ = ['TORCHRUN_VARS', 'SIZES', 'EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'bus_bandwidth',
-           'allreduce_rows', 'allreduce_worker', 'measure_allreduce', 'allreduce_table', 'run_config', 'cli',
-           'snapshot_epochs', 'check', 'same_val', 'check_run', 'check_bench', 'doctor', 'doctor_text', 'main']
+__all__ = ['RUN_EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'allreduce_worker',
+           'measure_allreduce', 'allreduce_table', 'run_config', 'cli', 'snapshot_epochs', 'result_row', 'same_val',
+           'check_stop', 'check_resume', 'check_evals', 'check_run', 'check_bench', 'check_allreduce', 'doctor',
+           'doctor_text', 'main']
 
 # %% ../nbs/program/11_doctor.ipynb #c0000006
-TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK',
-                 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
-                 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')
-
 def torchrun_vars() -> dict:
-    "The torchrun variables this process has (none outside torchrun)."
+    "The torchrun variables (dist's TORCHRUN_VARS) this process has (none outside torchrun)."
     return {k: os.environ[k] for k in TORCHRUN_VARS if k in os.environ}
 
 def gpu_info(i:int) -> dict:
@@ -53,33 +51,6 @@ def environment() -> dict:
                 CUDA_VISIBLE_DEVICES=os.environ.get('CUDA_VISIBLE_DEVICES'),
                 torchrun_vars=torchrun_vars())
 
-# %% ../nbs/program/11_doctor.ipynb #c0000009
-def bus_bandwidth(nbytes:int, seconds:float, n:int) -> tuple[float, float]:
-    "(algbw, busbw) in GB/s of an all-reduce of `nbytes` over `n` ranks in `seconds` (nccl-tests)."
-    algbw = nbytes / seconds / 1e9
-    return algbw, algbw * 2 * (n - 1) / n
-
-# %% ../nbs/program/11_doctor.ipynb #c000000d
-SIZES = {'cpu': [2**k for k in range(12, 25, 2)],   # 4 KiB to 16 MiB
-         'cuda': [2**k for k in range(20, 31, 2)]}  # 1 MiB to 1 GiB
-
-def allreduce_rows(env, sizes, warmup:int=3) -> list:
-    "In every process: check and time all_reduce of each size in `sizes` (bytes); a row a size."
-    rows, n = [], env.world_size
-    for nbytes in sizes:
-        x = torch.full((nbytes // 4,), float(env.rank + 1), device=env.device)
-        dist.all_reduce(x)
-        correct = bool((x == n * (n + 1) / 2).all())
-        iters = max(5, min(50, 2**28 // nbytes))
-        for _ in range(warmup): dist.all_reduce(x)
-        t = clock(env)
-        for _ in range(iters): dist.all_reduce(x)
-        secs = (clock(env) - t) / iters  # from every rank ready to the last rank done
-        algbw, busbw = bus_bandwidth(nbytes, secs, n)
-        rows.append(dict(bytes=nbytes, iters=iters, time_us=secs * 1e6, algbw_gbs=algbw,
-                         busbw_gbs=busbw, correct=correct))
-    return rows
-
 # %% ../nbs/program/11_doctor.ipynb #4580cd13
 def _threads_env(nprocs:int) -> dict:
     "The launch's environment: on CPU, cores / nprocs threads a process, unless OMP_NUM_THREADS."
@@ -100,11 +71,11 @@ def allreduce_worker(env, sizes:list) -> dict:
     return dict(backend=env.backend, world_size=env.world_size, world=world,
                 torchrun_vars=torchrun_vars(), rows=rows)
 
-def measure_allreduce(nprocs:int, sizes=None, timeout_s:float=300) -> dict:
-    "All-reduce bandwidth over `sizes` bytes (default: the device's SIZES) on `nprocs` processes."
-    sizes = sizes or SIZES['cuda' if torch.cuda.is_available() else 'cpu']
+def measure_allreduce(nprocs:int, sizes=None, job_timeout_s:float=300) -> dict:
+    "All-reduce bandwidth over `sizes` bytes (default: ALLREDUCE_BYTES) on `nprocs` processes."
+    sizes = sizes or ALLREDUCE_BYTES['cuda' if torch.cuda.is_available() else 'cpu']
     return launch_workers(allreduce_worker, nprocs, sizes, group_timeout_s=120,
-                          job_timeout_s=timeout_s)[0]
+                          job_timeout_s=job_timeout_s)[0]
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
@@ -123,24 +94,25 @@ def allreduce_table(res:dict) -> str:
     return '\n'.join(lines)
 
 # %% ../nbs/program/11_doctor.ipynb #c0000013
-EPOCHS, TOL = 3, 1e-5
+RUN_EPOCHS, TOL = 3, 1e-5  # the doctor's run: epochs; logged val against an eval of a saved file
 # per device, the run's config keys; every other key keeps its Config default (the ResNet-50 recipe
-# of config/classifier_cifar10.yaml). batch_size and synthetic_train_size are per process: 6 or 10
-# steps an epoch at any process count.
+# of config/classifier_cifar10.yaml). The run's batch_size is per_process_batch x processes, its
+# synthetic_train_size steps_per_epoch such batches: the same steps at any process count.
 RUN = {
-    'cpu': dict(model='resnet18', image_size=32, resize_size=36, batch_size=16, num_workers=0,
-                lr=0.05, momentum=0.9, hflip=True, synthetic_train_size=16 * 6,
+    'cpu': dict(model='resnet18', image_size=32, resize_size=36, per_process_batch=16,
+                steps_per_epoch=6, num_workers=0, lr=0.05, momentum=0.9, hflip=True,
                 synthetic_test_size=101, warmup_steps=2),
-    'cuda': dict(model='resnet50', image_size=224, resize_size=256, batch_size=32, num_workers=4,
-                 synthetic_train_size=32 * 10, synthetic_test_size=501, warmup_steps=2),
+    'cuda': dict(model='resnet50', image_size=224, resize_size=256, per_process_batch=32,
+                 steps_per_epoch=10, num_workers=4, synthetic_test_size=501, warmup_steps=2),
 }
-_RUN_FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=EPOCHS, plot=False,
-                  timeout_s=120)
+_RUN_FIXED = dict(dataset='synthetic', pretrained=False, download=False, epoch=RUN_EPOCHS,
+                  plot=False, timeout_s=120)
 
 def run_config(device:str, nprocs:int, save_dir, data_dir) -> dict:
     "The config keys of the doctor's training run on `nprocs` processes of `device`."
     c = {**RUN[device], **_RUN_FIXED, 'save_dir': str(save_dir), 'data_dir': str(data_dir)}
-    c['batch_size'] *= nprocs; c['synthetic_train_size'] *= nprocs
+    batch = c.pop('per_process_batch') * nprocs  # the config's batch_size is global
+    c.update(batch_size=batch, synthetic_train_size=batch * c.pop('steps_per_epoch'))
     # the same convolution algorithms when training and when evaluating
     if device == 'cuda': c['cudnn_benchmark'] = False
     return c
@@ -151,18 +123,18 @@ def cli(keys:dict) -> list:
     return [a for k, v in keys.items() for a in (f'--{k}', text(v))]
 
 # %% ../nbs/program/11_doctor.ipynb #c0000016
-def snapshot_epochs(path, _seen={}) -> int:
-    "`epochs_run` of the snapshot at `path` (0 while there is none)."
-    path = Path(path)
+def snapshot_epochs(path, seen:dict|None=None) -> int:
+    "`epochs_run` of the snapshot at `path` (0 while there is none); `seen`: the caller's cache."
+    path, seen = Path(path), {} if seen is None else seen
     try: stamp = path.stat().st_mtime_ns
     except FileNotFoundError: return 0
-    if _seen.get(path, (None,))[0] != stamp:
-        try: _seen[path] = (stamp, load_checkpoint(path)['epochs_run'])
+    if seen.get(path, (None,))[0] != stamp:
+        try: seen[path] = (stamp, snapshot_progress(path)['epochs_run'])
         except Exception: return 0  # being replaced right now: the next poll reads it
-    return _seen[path][1]
+    return seen[path][1]
 
-def check(name:str, ok:bool, detail:str, t0:float|None=None) -> dict:
-    "One check's verdict."
+def result_row(name:str, ok:bool, detail:str, t0:float|None=None) -> dict:
+    "One check's result: a row of the doctor's table."
     secs = round(time.monotonic() - t0, 1) if t0 else None
     return dict(name=name, ok=bool(ok), detail=detail, seconds=secs)
 
@@ -175,58 +147,70 @@ def same_val(row:dict, ev:dict) -> tuple[bool, str]:
             f"{d:.2e} (allowed {TOL:g})")
 
 # %% ../nbs/program/11_doctor.ipynb #c0000019
-def _train(nprocs, keys, workdir, tag, timeout_s, stop_when=None):
+def _train(nprocs, keys, workdir, tag, job_timeout_s, stop_when=None):
     "Train under torchrun, output in files: (exit code, None if stopped; stdout; stderr)."
     logdir = Path(workdir)/f'log-{tag}'; logdir.mkdir(parents=True, exist_ok=True)
     with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        try: code = run_process(torchrun_cmd(nprocs, *cli(keys)), timeout_s, stop_when, grace_s=60,
+        try: code = run_process(torchrun_cmd(nprocs, *cli(keys)), job_timeout_s, stop_when, grace_s=60,
                                 stdout=out, stderr=err, env=_threads_env(nprocs)).returncode
         except TimeoutExpired: raise LaunchError(
-            f"did not finish within {timeout_s:.0f} s; raise --timeout_s, or look for a rank stuck "
+            f"did not finish within {job_timeout_s:.0f} s; raise --job_timeout_s, or look for a rank stuck "
             "in a collective") from None
     return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
 
 def _why(code, err): return f"exit code {code}: {_error_lines(err, 'cifar_ddp_train: error: ')}"
 
-def check_run(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
-    "Train, stop after the first snapshot, resume, evaluate the final snapshot and best.pt."
-    dev, workdir = 'cuda' if torch.cuda.is_available() else 'cpu', Path(workdir)
-    keys = run_config(dev, nprocs, workdir/'run', workdir/'data')
-    snap, t0, out = workdir/'run'/'snapshot.pt', time.monotonic(), {}
-    code, _, err = _train(nprocs, keys, workdir, 'first', timeout_s,
-                          stop_when=lambda: snapshot_epochs(snap) >= 1)
-    done = snapshot_epochs(snap)
-    detail = (f"stopped with {done} of {EPOCHS} epochs in snapshot.pt" if code is None
+def check_stop(nprocs:int, keys:dict, workdir, job_timeout_s:float) -> tuple[dict, int]:
+    "Train until the first snapshot is written, then stop: (verdict, epochs in the snapshot)."
+    snap, t0, seen = Path(keys['save_dir'])/'snapshot.pt', time.monotonic(), {}
+    code, _, err = _train(nprocs, keys, workdir, 'first', job_timeout_s,
+                          stop_when=lambda: snapshot_epochs(snap, seen) >= 1)
+    done = snapshot_epochs(snap, seen)
+    detail = (f"stopped with {done} of {RUN_EPOCHS} epochs in snapshot.pt" if code is None
               else _why(code, err))
-    checks = [check('run: stopped after the first snapshot', code is None and 1 <= done < EPOCHS,
-                    detail, t0)]
-    if not checks[-1]['ok']: return checks, out
-    t0 = time.monotonic()
-    code, text, err = _train(nprocs, keys, workdir, 'resume', timeout_s)
-    metrics = (workdir/'run'/'metrics.jsonl')
-    hist = [json.loads(l) for l in metrics.read_text().splitlines()] if code == 0 else []
-    said = f"resuming from {snap}: {done} of {EPOCHS} epochs done"
+    return result_row('run: stopped after the first snapshot',
+                   code is None and 1 <= done < RUN_EPOCHS, detail, t0), done
+
+def check_resume(nprocs:int, keys:dict, workdir, job_timeout_s:float, done:int):
+    "The same command again: (verdict, metrics.jsonl's rows), continuous from `done` epochs."
+    t0, run = time.monotonic(), Path(keys['save_dir'])
+    code, text, err = _train(nprocs, keys, workdir, 'resume', job_timeout_s)
+    lines = (run/'metrics.jsonl').read_text().splitlines() if code == 0 else []
+    hist = [json.loads(l) for l in lines]
+    said = f"resuming from {run/'snapshot.pt'}: {done} of {RUN_EPOCHS} epochs done"
     epochs = [h['epoch'] for h in hist]
     detail = ((f"printed {said!r}" if said in text else f"did not print {said!r}")
               + f"; epochs in metrics.jsonl {epochs}" if code == 0 else _why(code, err))
-    checks.append(check('run: resume is continuous',
-                        code == 0 and said in text and epochs == list(range(EPOCHS)), detail, t0))
-    if not checks[-1]['ok']: return checks, out
-    best_epoch = load_checkpoint(workdir/'run'/'best.pt')['epoch']
+    ok = code == 0 and said in text and epochs == list(range(RUN_EPOCHS))
+    return result_row('run: resume is continuous', ok, detail, t0), hist
+
+def check_evals(nprocs:int, keys:dict, workdir, job_timeout_s:float, hist:list):
+    "eval_only of the last snapshot and of best.pt against the logged rows: (verdicts, evals)."
+    run, checks, out = Path(keys['save_dir']), [], {}
+    best_epoch = load_checkpoint(run/'best.pt')['epoch']
     for name, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
-        t0, ev_dir = time.monotonic(), workdir/f'eval-{name}'
-        ev_keys = {**keys, 'eval_only': True, 'checkpoint': str(workdir/'run'/name),
-                   'save_dir': str(ev_dir)}
-        code, _, err = _train(nprocs, ev_keys, workdir, f'eval-{name}', timeout_s)
+        t0, ev_dir = time.monotonic(), Path(workdir)/f'eval-{name}'
+        ev_keys = {**keys, 'eval_only': True, 'checkpoint': str(run/name), 'save_dir': str(ev_dir)}
+        code, _, err = _train(nprocs, ev_keys, workdir, f'eval-{name}', job_timeout_s)
         ev = out[name] = json.loads((ev_dir/'eval.json').read_text()) if code == 0 else None
         ok, detail = same_val(row, ev) if ev else (False, _why(code, err))
         what = 'the last epoch' if name == 'snapshot.pt' else f"the best epoch ({best_epoch})"
-        checks.append(check(f"run: logged val = eval of {name}", ok, f"{what}: {detail}", t0))
-    out.update(history=hist, best_epoch=best_epoch, config=keys)
-    return checks, out
+        checks.append(result_row(f"run: logged val = eval of {name}", ok, f"{what}: {detail}", t0))
+    return checks, {**out, 'best_epoch': best_epoch}
+
+def check_run(nprocs:int, workdir, job_timeout_s:float=600) -> tuple[list, dict]:
+    "Train, stop after the first snapshot, resume, evaluate the final snapshot and best.pt."
+    dev, workdir = 'cuda' if torch.cuda.is_available() else 'cpu', Path(workdir)
+    keys = run_config(dev, nprocs, workdir/'run', workdir/'data')
+    stop, done = check_stop(nprocs, keys, workdir, job_timeout_s)
+    if not stop['ok']: return [stop], {}
+    resume, hist = check_resume(nprocs, keys, workdir, job_timeout_s, done)
+    if not resume['ok']: return [stop, resume], {}
+    evals, out = check_evals(nprocs, keys, workdir, job_timeout_s, hist)
+    return [stop, resume, *evals], {**out, 'history': hist, 'config': keys}
 
 # %% ../nbs/program/11_doctor.ipynb #c000001d
-def check_bench(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
+def check_bench(nprocs:int, workdir, job_timeout_s:float=600) -> tuple[list, dict]:
     "Both recipes through `bench.run_bench` on `nprocs` processes; (checks, report)."
     from cifar_ddp_tut.bench import run_bench
     t0, cpu = time.monotonic(), not torch.cuda.is_available()
@@ -235,45 +219,47 @@ def check_bench(nprocs:int, workdir, timeout_s:float=600) -> tuple[list, dict]:
     small = dict(warmup=1, steps=4, eval_batches=1, overrides=dict(
         image_size=32, resize_size=36, batch_size=16, num_workers=0)) if cpu else {}
     report = run_bench(['original', 'fast'], [nprocs], 'auto', out=Path(workdir)/'bench.json',
-                       timeout_s=timeout_s, verbose=False, repeats=1, per_process_batch=[None],
+                       job_timeout_s=job_timeout_s, verbose=False, repeats=1,
+                       per_process_batch=[None],
                        **small)  # one launch each, at the config's batch: a check, not a study
     fails = '; '.join(f['error'] for f in report['failures'])
     speeds = ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results'])
-    return [check('benchmark: original and fast recipes', not report['failures'], fails or speeds,
+    return [result_row('benchmark: original and fast recipes', not report['failures'], fails or speeds,
                   t0)], report
 
 # %% ../nbs/program/11_doctor.ipynb #c000001f
 PARTS = ('allreduce', 'run', 'bench')
 
-def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(), timeout_s:float=600) -> dict:
+def check_allreduce(nprocs:int, job_timeout_s:float) -> tuple[list, dict]:
+    "All-reduce on `nprocs` processes: (verdicts, its measurement): every sum correct?"
+    t0 = time.monotonic()
+    ar = measure_allreduce(nprocs, job_timeout_s=job_timeout_s)
+    top, ok = ar['rows'][-1], all(r['correct'] for r in ar['rows'])
+    alone = " (one process: no link measured; use 2 or more)" if ar['world_size'] == 1 else ''
+    return [result_row('all-reduce: correct sums', ok, f"{ar['backend']}, {top['bytes'] / 2**20:g} "
+                    f"MiB: busbw {top['busbw_gbs']:.2f} GB/s{alone}", t0)], ar
+
+def doctor(nprocs:int|None=None, workdir=None, out=None, skip=(),
+           job_timeout_s:float=600) -> dict:
     "Every check on `nprocs` processes (default: every GPU, or 2 on CPU); the report (JSON: `out`)."
     t_start, env = time.monotonic(), environment()
     nprocs = nprocs or (len(env['devices']) if env['device'] == 'cuda' else 2)
     fits = env['device'] == 'cpu' or nprocs <= len(env['devices'])
-    checks = [check('environment', env[f"{env['backend']}_available"] and fits,
-                    f"{nprocs} x {env['device']} ({env['devices'][0]['name']}), {env['backend']}, "
-                    f"torch {env['torch']}, CUDA {env['cuda'] or '-'}, NCCL {env['nccl'] or '-'}")]
+    checks = [result_row('environment', env[f"{env['backend']}_available"] and fits,
+                      f"{nprocs} x {env['device']} ({env['devices'][0]['name']}), "
+                      f"{env['backend']}, torch {env['torch']}, CUDA {env['cuda'] or '-'}, "
+                      f"NCCL {env['nccl'] or '-'}")]
     report = dict(nprocs=nprocs, environment=env, checks=checks)
     workdir = Path(workdir or tempfile.mkdtemp(prefix='cifar_ddp_doctor_'))
+    parts = dict(allreduce=lambda: check_allreduce(nprocs, job_timeout_s),
+                 run=lambda: check_run(nprocs, workdir, job_timeout_s),
+                 bench=lambda: check_bench(nprocs, workdir, job_timeout_s))
     for part in PARTS:
         if part in skip: continue
         t0 = time.monotonic()
-        try:
-            if part == 'allreduce':
-                ar = report['allreduce'] = measure_allreduce(nprocs, timeout_s=timeout_s)
-                top = ar['rows'][-1]
-                ok = all(r['correct'] for r in ar['rows'])
-                checks.append(check('all-reduce: correct sums', ok,
-                                    f"{ar['backend']}, {top['bytes'] / 2**20:g} MiB: "
-                                    f"busbw {top['busbw_gbs']:.2f} GB/s"
-                                    + (" (one process: no link measured; use 2 or more)"
-                                       if ar['world_size'] == 1 else ''), t0))
-            elif part == 'run':
-                cs, report['run'] = check_run(nprocs, workdir, timeout_s); checks += cs
-            else:
-                cs, report['bench'] = check_bench(nprocs, workdir, timeout_s); checks += cs
+        try: cs, report[part] = parts[part](); checks += cs
         except (LaunchError, ConfigError, OSError, KeyError, ValueError) as e:
-            checks.append(check(part, False, f"{type(e).__name__}: {e}", t0))
+            checks.append(result_row(part, False, f"{type(e).__name__}: {e}", t0))
     failed = [c['name'] for c in checks if not c['ok']]
     report.update(ok=not failed, failed=failed, workdir=str(workdir),
                   wall_s=round(time.monotonic() - t_start, 1))
@@ -320,7 +306,7 @@ def _parser():
                    help="where runs and logs go (default: a new temporary folder)")
     p.add_argument('--skip', default='',
                    help=f"comma-separated parts to leave out: {','.join(PARTS)}")
-    p.add_argument('--timeout_s', type=float, default=600,
+    p.add_argument('--job_timeout_s', type=float, default=600,
                    help="seconds one torchrun job may take (default: 600)")
     return p
 
@@ -334,7 +320,7 @@ def main(argv=None):
                else f"--nprocs {a.nprocs} must be at least 1")
         print(f"cifar_ddp_doctor: error: {why}", file=sys.stderr, flush=True)
         sys.exit(2)
-    report = doctor(a.nprocs, a.workdir, a.out, skip, a.timeout_s)
+    report = doctor(a.nprocs, a.workdir, a.out, skip, a.job_timeout_s)
     print(doctor_text(report)); print(f"wrote {a.out}", flush=True)
     for c in report['checks']:
         if not c['ok']:

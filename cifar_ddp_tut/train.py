@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from tqdm import tqdm
 from .config import (Config, ConfigError, PathError, config_dict, parse_cli,
-                                  per_rank_batch_size, check_paths, write_atomic)
-from .dist import (DistEnv, WorldError, PeerFailed, setup, teardown, seed_everything,
+                                  Sizes, run_sizes, check_paths, write_atomic)
+from .dist import (DistEnv, WorldError, PeerFailed, DeviceError, setup, teardown,
+                                seed_everything,
                                 in_order, describe_world, all_reduce_sum, all_reduce_max,
                                 barrier, in_notebook)
 from .data import (DataError, get_datasets, build_loaders, build_eval_loader,
@@ -23,12 +24,12 @@ from .model import (ModelError, build_model, prepare_model, build_optimizer,
                                  build_scheduler, no_sync, min_batchnorm_values)
 from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unwrap,
                                       gather_rng_states, set_rng_state, keep_previous,
-                                      load_resumable)
+                                      load_resumable, snapshot_progress)
 
 # %% auto #0
 __all__ = ['QUIET_EXIT_WAIT_S', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped', 'write_output',
-           'micro_batches_per_epoch', 'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags',
-           'ignore_stop_signals', 'build_trainer', 'run', 'run_eval', 'main']
+           'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags', 'ignore_stop_signals', 'config_loaders',
+           'build_trainer', 'run_program', 'run_eval', 'main']
 
 # %% ../nbs/program/07_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
@@ -74,21 +75,14 @@ def write_output(path, write, fix:str):
         if not isinstance(err, OSError): raise
         raise OutputError(f"could not write {str(path)!r} ({err.strerror or err}); {fix}") from None
 
-def micro_batches_per_epoch(n_batches:int, cfg:Config) -> int:
-    "Micro-batches an epoch of `n_batches` trains: capped by max_steps_per_epoch; whole steps only."
-    k = cfg.accumulate_steps
-    n = min(n_batches, cfg.max_steps_per_epoch * k) if cfg.max_steps_per_epoch else n_batches
-    return n - n % k
-
 class Trainer:
-    "DDP training with exact metrics, atomic snapshots, resume and a clean stop."
+    "DDP training with exact metrics, atomic snapshots, resume and a clean stop (`build_trainer`)."
     def __init__(self, cfg:Config, env:DistEnv, model, bare_model, optimizer, scheduler,
-                 train_loader, test_loader,
-                 steps_per_epoch:int):  # micro-batches an epoch trains (`micro_batches_per_epoch`)
+                 train_loader, test_loader, sizes:Sizes):
         self.cfg, self.env, self.model, self.bare = cfg, env, model, bare_model
         self.optimizer, self.scheduler = optimizer, scheduler
         self.train_loader, self.test_loader = train_loader, test_loader
-        self.steps_per_epoch = steps_per_epoch
+        self.sizes = sizes  # batch sizes and the micro-batches an epoch trains, derived once
         self.on_step = []  # f(trainer) after every optimizer step: timing, logging
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.amp == 'fp16')
         self.save_dir = Path(cfg.save_dir)
@@ -174,18 +168,19 @@ def stop_vote(self:Trainer) -> int:
 
 @patch
 def run_epoch(self:Trainer, epoch:int) -> dict:
-    "Train `steps_per_epoch` micro-batches of `epoch`; its exact loss and accuracy over all ranks."
+    "Train `sizes.micro_batches_per_epoch` of `epoch`; its exact loss and accuracy over all ranks."
     self.train_loader.sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on all ranks
     self.train_mode()
-    cfg, dev, k = self.cfg, self.env.device, self.cfg.accumulate_steps
+    cfg, dev, k = self.cfg, self.env.device, self.sizes.accumulate_steps
+    n = self.sizes.micro_batches_per_epoch
     skip = self.batches_done  # > 0 only when resuming a mid-epoch snapshot
     if not skip: self.meter = SumMetric(dev)  # resumed: load_snapshot restored the sums so far
-    bar = tqdm(total=self.steps_per_epoch, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epoch}",
+    bar = tqdm(total=n, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epoch}",
                disable=not self.env.is_main, mininterval=1.0 if sys.stderr.isatty() else 10.0,
                dynamic_ncols=True)
     try:
         for i, (x, y) in enumerate(self.train_loader):
-            if i >= self.steps_per_epoch: break
+            if i >= n: break
             if i < skip:  # trained before the snapshot; loading it drew random numbers, so:
                 if i == skip - 1 and self.skipped_rng: set_rng_state(self.skipped_rng)
                 continue
@@ -199,15 +194,15 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
                 self.batches_done = i + 1
                 stop = self.stop_vote()
                 snap = stop or (cfg.snapshot_every and self.step % cfg.snapshot_every == 0
-                                and self.batches_done < self.steps_per_epoch)
-                if snap or self.step % cfg.log_every == 0:
+                                and self.batches_done < n)
+                if snap or self.step % cfg.nan_check_every == 0:
                     self.check_finite(epoch)  # every rank, at the same step
                 if snap: self.save_snapshot(epoch_done=False, epoch=epoch)
                 if stop: raise self.stopped(stop, epoch)
+                if self.env.is_main and self.step % cfg.log_every == 0:
+                    bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}",
+                                    lr=f"{self.lrs[-1]:.2e}")
             bar.update(1)
-            if self.env.is_main and (i + 1) % cfg.log_every == 0:
-                bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}",
-                                lr=f"{self.lrs[-1]:.2e}" if self.lrs else "-")
     finally: bar.close()  # also when check_finite raises: the error line starts a line of its own
     self.check_finite(epoch)
     self.batches_done = 0
@@ -219,7 +214,8 @@ def stopped(self:Trainer, signum:int, epoch:int) -> Stopped:
     barrier(self.env)  # nobody exits before the snapshot is written
     name = signal.Signals(signum).name
     return Stopped(f"stopped by {name} after optimizer step {self.step} (epoch {epoch + 1} of "
-                   f"{self.cfg.epoch}, {self.batches_done} of {self.steps_per_epoch} batches); "
+                   f"{self.cfg.epoch}, {self.batches_done} of "
+                   f"{self.sizes.micro_batches_per_epoch} batches); "
                    f"{self.save_dir/'snapshot.pt'} holds the run up to there; run the same "
                    "command again to resume from it", signum)
 
@@ -305,7 +301,7 @@ def fit(self:Trainer):
     cfg, env = self.cfg, self.env
     for epoch in range(self.epochs_run, cfg.epoch):
         t0 = time.perf_counter()
-        before = self.batches_done * (cfg.batch_size // cfg.accumulate_steps)  # resumed mid-epoch
+        before = self.batches_done * self.sizes.micro_batch * env.world_size  # resumed mid-epoch
         train = self.run_epoch(epoch)
         train_secs = time.perf_counter() - t0
         val = self.evaluate()
@@ -357,13 +353,12 @@ def plot(self:Trainer):
     return plot_history(self.history, self.lrs, self.save_dir/'curves.png', title=title)
 
 # %% ../nbs/program/07_train.ipynb #547304e2
-def check_bn_batch(model, cfg:Config, world_size:int):
+def check_bn_batch(model, cfg:Config, sizes:Sizes):
     "ConfigError if one image per rank and micro-step leaves a BatchNorm layer 1 value a channel."
-    per_rank = per_rank_batch_size(cfg, world_size)
-    if per_rank > 1 or cfg.freeze_bn or cfg.sync_bn: return
+    if sizes.micro_batch > 1 or cfg.freeze_bn or cfg.sync_bn: return
     v = min_batchnorm_values(model, cfg.image_size)
     if v is None or v > 1: return
-    need = 2 * world_size * cfg.accumulate_steps
+    need = 2 * sizes.world_size * sizes.accumulate_steps
     raise ConfigError(
         f"batch_size={cfg.batch_size} leaves 1 image per rank and micro-step, and a BatchNorm "
         f"layer of {cfg.model} at image_size={cfg.image_size} then sees 1 value per channel, too "
@@ -378,28 +373,35 @@ def ignore_stop_signals(worker_id:int=0):
     "In DataLoader workers: SIGTERM and SIGUSR1 are for the training process, which decides."
     for s in (signal.SIGTERM, signal.SIGUSR1): signal.signal(s, signal.SIG_IGN)
 
-def build_trainer(cfg:Config, env:DistEnv) -> Trainer:
-    "Data, model, optimizer and schedule for this rank, wrapped in a Trainer."
-    per_rank_batch_size(cfg, env.world_size)  # fail first if the batch does not divide
-    set_kernel_flags(cfg, env.device)
-    seed_everything(cfg.seed)  # identical initial weights (DDP would broadcast rank 0's anyway)
-    model = in_order(lambda: build_model(cfg), env, 'loading the model weights')
-    check_bn_batch(model, cfg, env.world_size)
+def config_loaders(cfg:Config, env:DistEnv) -> tuple:
+    "This rank's (training, evaluation) loaders of the config's data set."
     tfm = not cfg.device_data  # the fast recipe augments on the device instead
     train_ds, test_ds = get_datasets(cfg, env, train_transform(cfg) if tfm else None,
                                      test_transform(cfg) if tfm else None)
-    train_loader, test_loader = build_loaders(cfg, env, train_ds, test_ds)
-    for loader in (train_loader, test_loader):  # a worker killed by a signal ends this process
+    loaders = build_loaders(cfg, env, train_ds, test_ds)
+    for loader in loaders:  # a worker killed by a signal ends this process
         if getattr(loader, 'num_workers', 0): loader.worker_init_fn = ignore_stop_signals
+    return loaders
+
+def build_trainer(cfg:Config, env:DistEnv, loaders:tuple|None=None) -> Trainer:
+    "Data, model, optimizer and schedule for this rank, wrapped in a Trainer; the one way to one."
+    # `loaders`: (training, evaluation) loaders, None: the config's data set. (None, None): the
+    # caller feeds batches itself; an epoch is then max_steps_per_epoch steps
+    sizes = run_sizes(cfg, env.world_size)  # fail first if the batch does not divide
+    set_kernel_flags(cfg, env.device)
+    seed_everything(cfg.seed)  # identical initial weights (DDP would broadcast rank 0's anyway)
+    model = in_order(lambda: build_model(cfg), env, 'loading the model weights')
+    check_bn_batch(model, cfg, sizes)
+    train_loader, test_loader = config_loaders(cfg, env) if loaders is None else loaders
+    if train_loader is not None: sizes = run_sizes(cfg, env.world_size, len(train_loader))
     model, bare = prepare_model(model, cfg, env)
     optimizer = build_optimizer(model, cfg, env)
-    micro = micro_batches_per_epoch(len(train_loader), cfg)
-    scheduler = build_scheduler(optimizer, cfg, max(1, micro // cfg.accumulate_steps) * cfg.epoch)
+    scheduler = build_scheduler(optimizer, cfg, max(1, sizes.steps_per_epoch) * cfg.epoch)
     seed_everything(cfg.seed + env.rank)  # augmentations differ between ranks
-    return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader, micro)
+    return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader, sizes)
 
 # %% ../nbs/program/07_train.ipynb #a53a9730
-def run(cfg:Config, env:DistEnv):
+def run_program(cfg:Config, env:DistEnv):
     "Train (resuming from save_dir/snapshot.pt if there is one) or, with eval_only, evaluate."
     world = describe_world(env)
     if env.is_main: print(f"world: {world}", flush=True)
@@ -423,12 +425,11 @@ def run(cfg:Config, env:DistEnv):
         print(f"resume=false: starting fresh; {snap} and its previous copy will be replaced",
               flush=True)
     if env.is_main:
-        k = cfg.accumulate_steps
-        micro = f" x {k} micro-steps" if k > 1 else ""
-        per_rank = per_rank_batch_size(cfg, env.world_size)
+        s = trainer.sizes
+        micro = f" x {s.accumulate_steps} micro-steps" if s.accumulate_steps > 1 else ""
         print(f"{env.world_size} process(es) on {env.device.type} "
-              f"({env.backend or 'no process group'}), batch {cfg.batch_size} = {env.world_size} "
-              f"x {per_rank}{micro}, {trainer.steps_per_epoch // k} steps per epoch", flush=True)
+              f"({env.backend or 'no process group'}), batch {s.batch} = {env.world_size} "
+              f"x {s.micro_batch}{micro}, {s.steps_per_epoch} steps per epoch", flush=True)
     trainer.fit()
     drift = trainer.replicas_in_sync()
     if env.is_main:
@@ -478,7 +479,8 @@ def _peer_failure(e:BaseException) -> bool:
 def _report(e:BaseException, rank:int, local_rank:int, world_size:int) -> bool:
     "Print `e` as one line if this rank is the one to say it; whether it did."
     if isinstance(e, PeerFailed) and rank != 0: return False  # the failing rank speaks for itself
-    if isinstance(e, PathError):  # paths can differ between nodes: each node's first process speaks
+    # paths and GPU lists can differ between nodes: each node's first process speaks
+    if isinstance(e, (PathError, DeviceError)):
         if local_rank != 0: return False
     elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return False
     who = f"[rank {rank}] " if world_size > 1 and not isinstance(e, _SAME_ON_ALL_RANKS) else ""
@@ -494,14 +496,36 @@ def _leave_the_word(seconds:float=QUIET_EXIT_WAIT_S):
 def _interrupted_note(save_dir) -> str:
     "What a Ctrl-C leaves behind, in words."
     snap = Path(save_dir)/'snapshot.pt'
-    try: ck = load_checkpoint(snap)
+    try: ck = snapshot_progress(snap)
     except CheckpointError:
         return "no snapshot was written yet; run the same command again to start over"
     where = f"{ck['epochs_run']} epoch(s)"
-    if ck.get('batches_done'): where += f" and {ck['batches_done']} batches"
+    if ck['batches_done']: where += f" and {ck['batches_done']} batches"
     return f"{snap} holds {where}; run the same command again to resume from it"
 
 # %% ../nbs/program/07_train.ipynb #7f61454f
+def _exit_code(e:BaseException, cfg, interrupted:list, rank:int, local_rank:int, ws:int):
+    "`main`'s answer to `e`: (exit code, whether this rank left the line to another); None: raise."
+    # a peer's error caused by the same Ctrl-C is not news
+    if interrupted or isinstance(e, KeyboardInterrupt):
+        if rank == 0:
+            note = _interrupted_note(cfg.save_dir) if cfg else "nothing was started"
+            print(f"cifar_ddp_train: interrupted; {note}", file=sys.stderr, flush=True)
+        return 130, False
+    if isinstance(e, Stopped):  # the same on every rank: rank 0 says it
+        if rank == 0: print(f"cifar_ddp_train: {e}", file=sys.stderr, flush=True)
+        return 128 + e.signum, False
+    if isinstance(e, _EXPECTED):
+        quiet = not _report(e, rank, local_rank, ws)
+        return 2 if isinstance(e, (ConfigError, DeviceError)) else 1, quiet
+    if _peer_failure(e):
+        first = str(e).splitlines()[0][:160]
+        print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer "
+              f"within timeout_s ({type(e).__name__}: {first}); see the first failing rank's "
+              "message", file=sys.stderr, flush=True)
+        return 1, False
+    return None, False
+
 def main(argv=None):
     "Command-line entry point: `torchrun ... -m cifar_ddp_tut.train --cfg FILE [--key value ...]`."
     e_ = os.environ
@@ -519,29 +543,11 @@ def main(argv=None):
     try:
         cfg = parse_cli(argv, prog='cifar_ddp_train')
         check_paths(cfg)  # every path, on every rank, before any process waits on another
-        env = setup(cfg.backend, cfg.timeout_s)
-        run(cfg, env)
+        env = setup(cfg.backend, cfg.timeout_s, cfg.device)
+        run_program(cfg, env)
     except BaseException as e:
-        # a peer's error caused by the same Ctrl-C is not news
-        if interrupted or isinstance(e, KeyboardInterrupt):
-            if rank == 0:
-                note = _interrupted_note(cfg.save_dir) if cfg else "nothing was started"
-                print(f"cifar_ddp_train: interrupted; {note}", file=sys.stderr, flush=True)
-            code = 130
-        elif isinstance(e, Stopped):  # the same on every rank: rank 0 says it
-            if rank == 0: print(f"cifar_ddp_train: {e}", file=sys.stderr, flush=True)
-            code = 128 + e.signum
-        elif isinstance(e, _EXPECTED):
-            quiet = not _report(e, rank, local_rank, ws)
-            code = 2 if isinstance(e, ConfigError) else 1
-        elif _peer_failure(e):
-            first = str(e).splitlines()[0][:160]
-            print(f"cifar_ddp_train: error: [rank {rank}] a peer process died or did not answer "
-                  f"within timeout_s ({type(e).__name__}: {first}); see the first failing rank's "
-                  "message",
-                  file=sys.stderr, flush=True)
-            code = 1
-        else: raise
+        code, quiet = _exit_code(e, cfg, interrupted, rank, local_rank, ws)
+        if code is None: raise
     finally:
         teardown()
         for s, h in before.items(): signal.signal(s, h)  # called in a process that lives on

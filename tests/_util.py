@@ -64,12 +64,10 @@ def wait_for(cond, timeout, what, poll=0.2):
 
 
 def snapshot_value(save_dir, key='epochs_run'):
-    "`key` of save_dir/snapshot.pt (0 when the file is absent or unreadable)."
-    import torch
-    p = Path(save_dir)/'snapshot.pt'
-    if not p.exists(): return 0
-    try: return torch.load(p, map_location='cpu', weights_only=True)[key]
-    except Exception: return 0
+    "`key` (one of checkpoint.PROGRESS_KEYS) of save_dir/snapshot.pt; 0 when it is absent or unreadable."
+    from cifar_ddp_tut.checkpoint import CheckpointError, snapshot_progress
+    try: return snapshot_progress(Path(save_dir)/'snapshot.pt')[key]
+    except CheckpointError: return 0
 
 
 def kill_tree(p):

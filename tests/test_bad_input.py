@@ -85,6 +85,11 @@ def _setup(case, tmp):
     if case == 'static_graph_with_accumulation':
         return ['--cfg', QUICKSTART, '--ddp_static_graph', 'true', '--accumulate_steps', '2'], env
     if case == 'device_wrong_type': return ['--cfg', QUICKSTART, '--device', 'cuda'], env
+    if case == 'device_twice': return ['--cfg', QUICKSTART, '--device', '[0, 0]'], env
+    if case == 'device_count_differs': return ['--cfg', QUICKSTART, '--device', '[0]'], env  # 2 processes
+    if case == 'device_without_cuda': return ['--cfg', QUICKSTART, '--device', '[0, 1]'], env  # this CPU machine
+    if case == 'checkpoint_without_eval_only':
+        _small_model_ckpt(tmp/'best.pt'); return ['--cfg', QUICKSTART, '--checkpoint', tmp/'best.pt'], env
     if case == 'corrupt_synthetic_data':
         from cifar_ddp_tut.data import write_synthetic_cifar10
         folder = write_synthetic_cifar10(tmp/'data', 2000, 501, 42)  # the quickstart's sizes and seed
@@ -125,19 +130,24 @@ CASES = {  # case: text the one error line must contain
     'inf_timeout': "timeout_s=inf is not a finite number",
     'one_image_per_rank_with_batchnorm': "leaves 1 image per rank and micro-step",
     'static_graph_with_accumulation': "ddp_static_graph=true cannot be combined with accumulate_steps=2",
-    'device_wrong_type': "device='cuda' has type str, expected list (for example device: [0, 1, 2, 3])",
+    'device_wrong_type': "device='cuda' has type str, expected list (for example device: [0, 1])",
+    'device_twice': "device=[0, 0] must list distinct GPU ids",
+    'device_count_differs': "device=[0] lists 1 GPU(s) but 2 process(es) run on this node",
+    'device_without_cuda': "device=[0, 1] selects GPUs but no CUDA GPU is visible",
+    'checkpoint_without_eval_only': "is read only with eval_only=true",
     'corrupt_synthetic_data': "is corrupt (its MD5 check failed); delete",
 }
 
 
 # Where each case fails, found by reading `train.main` and by running every case in one process with
-# `setup` (which starts the process group) replaced by a failure: these 20 fail before it; the other 13
+# `setup` (which starts the process group) replaced by a failure: these 22 fail before it; the other 15
 # (world size, model, data, checkpoints, devices) after it.
 BEFORE_SETUP = ['missing_file', 'config_is_a_folder', 'binary_config', 'broken_yaml', 'unknown_key_in_file',
                 'unknown_option', 'wrong_type', 'zero_lr', 'negative_epochs', 'bad_choice',
                 'missing_eval_checkpoint', 'eval_without_checkpoint', 'save_dir_is_a_file', 'save_dir_unwritable',
                 'eval_json_is_a_folder', 'data_dir_is_a_file', 'nan_lr', 'inf_timeout',
-                'static_graph_with_accumulation', 'device_wrong_type']
+                'static_graph_with_accumulation', 'device_wrong_type', 'device_twice',
+                'checkpoint_without_eval_only']
 # one of them under torchrun too: a path error, which each node's first process reports (config errors,
 # which rank 0 reports, are shown under torchrun by batch_not_divisible and others below)
 ALSO_UNDER_TORCHRUN = 'save_dir_is_a_file'
@@ -164,7 +174,7 @@ def _check_untouched(case, tmp_path, before, stdout, stderr):
 
 def test_every_case_has_its_place():
     assert set(BEFORE_SETUP) <= set(CASES) and ALSO_UNDER_TORCHRUN in BEFORE_SETUP
-    assert (len(BEFORE_SETUP), len(NEED_RANKS), len(CASES)) == (20, 13, 33)
+    assert (len(BEFORE_SETUP), len(NEED_RANKS), len(CASES)) == (22, 15, 37)
 
 
 @pytest.mark.parametrize('case', BEFORE_SETUP)

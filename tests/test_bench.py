@@ -8,7 +8,7 @@ from cifar_ddp_tut.config import config_dict, load_config
 from cifar_ddp_tut.launch import run_process
 
 FIELDS = {'recipe', 'nprocs', 'images_per_s', 'ms_per_step', 'eval_images_per_s', 'peak_mem_gb', 'ratio_to_original',
-          'projected_5_epochs_s', 'projected_5_epochs_with_eval_s', 'projected_5_epochs_all_in_s', 'per_rank_batch',
+          'projected_epochs', 'projected_s', 'projected_with_eval_s', 'projected_all_in_s', 'per_rank_batch',
           'global_batch', 'train_loss', 'steps', 'loader_queue', 'startup_s', 'warmup_extra_s', 'eval_extra_s', 'checkpoint_s',
           'launches', 'images_per_s_runs', 'spread_pct', 'gflop_per_image', 'tflops_per_process', 'peak_tflops', 'mfu'}
 
@@ -33,15 +33,15 @@ def test_bench_command_line(tmp_path):
         assert FIELDS <= set(r), FIELDS - set(r)
         assert r['images_per_s'] > 0 and r['ms_per_step'] > 0 and r['eval_images_per_s'] > 0 and r['peak_mem_gb'] > 0
         assert r['global_batch'] == 16 and r['per_rank_batch'] == 16 // r['nprocs'] and r['model'] == 'resnet18'
-        assert abs(r['projected_5_epochs_s'] - 5 * 50_000 / r['images_per_s']) < 1e-6
-        assert r['projected_5_epochs_with_eval_s'] > r['projected_5_epochs_s']
+        assert r['projected_epochs'] == 5 and abs(r['projected_s'] - 5 * 50_000 / r['images_per_s']) < 1e-6
+        assert r['projected_with_eval_s'] > r['projected_s']
         # prefetching cannot flatter a DataLoader recipe: the timed steps outlast the batches queued during warm-up 20 times
         assert r['loader_queue'] == 2  # 1 DataLoader worker x prefetch_factor 2
         assert r['steps'] >= 20 * r['loader_queue'] and r['steps'] >= 3
         # the all-in projection adds measured start-up, warm-up, evaluation and checkpoint time, and says so
         assert r['startup_s'] > 0 and r['checkpoint_s'] > 0 and r['warmup_extra_s'] >= 0 and r['eval_extra_s'] >= 0
         extra = r['startup_s'] + r['warmup_extra_s'] + r['eval_extra_s'] + 5 * r['checkpoint_s']
-        assert abs(r['projected_5_epochs_all_in_s'] - r['projected_5_epochs_with_eval_s'] - extra) < 1e-6
+        assert abs(r['projected_all_in_s'] - r['projected_with_eval_s'] - extra) < 1e-6
         # start-up ends when the trainer is built: warm-up and timed steps come after it
         assert r['startup_s'] + r['warmup_s'] + r['seconds'] < r['launch_s'], r
         assert r['host_syncs_per_step'] is None  # counted on CUDA only
@@ -71,7 +71,7 @@ def test_bench_errors_are_clear(tmp_path, capsys):
     assert code == 2 and 'batch_size=32 is not divisible by world_size=3' in err and not (tmp_path/'a.json').exists(), err
     # nccl without a GPU fails inside the torchrun workers: the message comes back, nothing hangs
     out = tmp_path/'bench.json'
-    p, secs = bench('--recipes', 'fast', '--backend', 'nccl', '--steps', 1, '--warmup', 1, '--timeout_s', 120, '--out', out, timeout=150)
+    p, secs = bench('--recipes', 'fast', '--backend', 'nccl', '--steps', 1, '--warmup', 1, '--job_timeout_s', 120, '--out', out, timeout=150)
     assert p.returncode == 1 and "recipe 'fast' on 1 process(es) failed" in p.stderr and 'backend=nccl needs CUDA' in p.stderr, p.stderr
     assert secs < 100
     rep = json.loads(out.read_text())  # the report is still written, with the failure in it
@@ -113,11 +113,11 @@ def _marked(mark):
 
 
 def test_bench_timeout_stops_the_workers(tmp_path):
-    "A launch past --timeout_s fails with a clear message, the report is written, no process is left."
+    "A launch past --job_timeout_s fails with a clear message, the report is written, no process is left."
     out, mark = tmp_path/'bench.json', uuid.uuid4().hex
     t0 = time.monotonic()
     cmd = [sys.executable, '-m', 'cifar_ddp_tut.bench', '--recipes', 'original', '--nprocs', '2',
-           '--timeout_s', '4', '--out', str(out)]
+           '--job_timeout_s', '4', '--out', str(out)]
     p = run_process(cmd, 120, cwd=ROOT, env={**os.environ, 'OMP_NUM_THREADS': '1', 'BENCH_TEST_MARK': mark})
     secs = time.monotonic() - t0
     msg = "recipe 'original' on 2 process(es) did not finish within 4 s"
@@ -147,6 +147,7 @@ def test_fast_config_file():
     # and the benchmark runs it as a recipe of its own
     c = bench_config(str(ROOT/'config'/'classifier_cifar10_fast.yaml'), 'small')
     assert c.device_data and c.amp == 'bf16' and c.model == 'resnet18' and c.dataset == 'synthetic'
+    assert c.device == []  # the file's GPU list is for torchrun's 4 processes; the benchmark starts its own
 
 
 

@@ -106,7 +106,7 @@ def test_cudnn_benchmark_on_cuda_by_default():
 def test_torch_distributed_errors_give_one_line(exc, monkeypatch, capsys):
     "NCCL and the store raise torch's own error types: caught by type (not by words), one line, exit 1."
     def failing_run(cfg, env): raise exc
-    monkeypatch.setattr(train, 'run', failing_run)
+    monkeypatch.setattr(train, 'run_program', failing_run)
     monkeypatch.setattr(train, 'check_paths', lambda cfg: None)
     with pytest.raises(SystemExit) as e: train.main(['--cfg', str(QUICKSTART)])
     err = capsys.readouterr().err.strip().splitlines()

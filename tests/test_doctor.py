@@ -32,7 +32,7 @@ def test_doctor_command_line(tmp_path):
 def test_doctor_failures_are_named(tmp_path):
     "A failed check exits 1 and names the check and the reason; a wrong argument exits 2 before anything runs."
     out = tmp_path/'doctor.json'
-    p, secs = doctor('--skip', 'run,bench', '--timeout_s', 1, '--out', out, timeout=60)
+    p, secs = doctor('--skip', 'run,bench', '--job_timeout_s', 1, '--out', out, timeout=60)
     assert p.returncode == 1, (p.returncode, p.stderr[-2000:])
     assert "cifar_ddp_doctor: check 'allreduce' failed: LaunchError: did not finish within 1 s" in p.stderr, p.stderr
     rep = json.loads(out.read_text())

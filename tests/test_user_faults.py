@@ -18,13 +18,13 @@ def _errors(stderr): return [l for l in stderr.splitlines() if 'cifar_ddp_train:
 
 @pytest.mark.slow
 def test_nan_loss_stops_every_rank_and_keeps_the_last_good_files(tmp_path, small_run):
-    """A good run (a copy of conftest's), then a run whose loss explodes (lr 1e4): every rank stops within log_every steps
+    """A good run (a copy of conftest's), then a run whose loss explodes (lr 1e4): every rank stops within nan_check_every steps
     with one line naming the epoch and steps, exit 1, and snapshot.pt, best.pt and metrics.jsonl stay byte for byte the
     good run's."""
     shutil.copytree(small_run.save_dir, tmp_path/'run')
     common = ['--cfg', QUICKSTART, '--save_dir', tmp_path/'run', '--data_dir', small_run.data_dir, *SMALL]
     good = _hashes(tmp_path/'run')
-    p, secs = torchrun(2, *common, '--epoch', '2', '--resume', 'false', '--lr', '1e4', '--log_every', '5')
+    p, secs = torchrun(2, *common, '--epoch', '2', '--resume', 'false', '--lr', '1e4', '--nan_check_every', '5')
     errors = _errors(p.stderr)
     print(f"exit {p.returncode} after {secs:.1f} s: {errors}")
     assert p.returncode != 0 and len(errors) == 1, p.stderr[-3000:]

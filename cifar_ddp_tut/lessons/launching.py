@@ -8,7 +8,7 @@ import json, os, sys, time, datetime
 from ..dist import in_notebook
 
 # %% auto #0
-__all__ = ['TORCHRUN_VARS', 'show_store', 'print_env']
+__all__ = ['show_store', 'print_env']
 
 # %% ../../nbs/program/08_launching.ipynb #a7c3e9d1
 def show_store():
@@ -34,10 +34,7 @@ def show_store():
     teardown()
 
 # %% ../../nbs/program/08_launching.ipynb #b0e54325
-TORCHRUN_VARS = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK',
-                 'MASTER_ADDR', 'MASTER_PORT',
-                 'TORCHELASTIC_RESTART_COUNT', 'TORCHELASTIC_MAX_RESTARTS', 'TORCHELASTIC_RUN_ID',
-                 'OMP_NUM_THREADS']
+from ..dist import TORCHRUN_VARS  # what torchrun sets: beside env_ranks
 
 def print_env(crash_rank:int=-1, linger_s:float=0):
     "Print this process's torchrun variables as one JSON line (restart demos: see below)."

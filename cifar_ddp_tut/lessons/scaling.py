@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import load_config
 from ..model import build_model
-from ..doctor import allreduce_rows
+from ..dist import allreduce_rows
 
 # %% auto #0
 __all__ = ['NCCL_PROTOCOLS', 'SGD_KW', 'AR_SIZES', 'SYSTEMS', 'BW_FACTOR', 'KINDS_FIT', 'N_RANGES', 'FABRICS', 'RESNET50_A100',

@@ -8,8 +8,8 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from ..config import Config
 from ..dist import DistEnv, seed_everything
-from ..model import build_model, prepare_model, build_optimizer, build_scheduler
-from ..train import Trainer
+from ..model import build_model
+from ..train import build_trainer
 from .machinery import fixed_batches  # the batches 03_inside_ddp uses
 
 # %% auto #0
@@ -36,25 +36,22 @@ def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, accumulate_steps:int=1
     "`steps` Trainer steps on this rank's slice of fixed batches: (parameters, all-reduce calls)."
     n = per_rank * env.world_size
     cfg = tiny_config(batch_size=n, accumulate_steps=accumulate_steps, freeze_bn=freeze_bn,
-                      sync_bn=sync_bn and env.world_size > 1)
-    seed_everything(0)
-    model, bare = prepare_model(build_model(cfg), cfg, env)
+                      sync_bn=sync_bn and env.world_size > 1, seed=0, max_steps_per_epoch=steps)
+    trainer = build_trainer(cfg, env, loaders=(None, None))  # the batches come from here
     counter = _CallCounter()
-    if env.is_distributed: model.register_comm_hook(counter, _counting_allreduce)
-    opt = build_optimizer(model, cfg, env)
-    trainer = Trainer(cfg, env, model, bare, opt, build_scheduler(opt, cfg, steps), None, None,
-                      steps_per_epoch=steps * accumulate_steps)  # the batches come from here
+    if env.is_distributed: trainer.model.register_comm_hook(counter, _counting_allreduce)
     trainer.train_mode()
     xs, ys = fixed_batches(steps, n)
     mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
-    micro = per_rank // accumulate_steps
+    micro = trainer.sizes.micro_batch
     for s in range(steps):
         x, y = xs[s, mine].to(env.device), ys[s, mine].to(env.device)
         for j in range(accumulate_steps):
             part = slice(j * micro, (j + 1) * micro)
             trainer.train_step(x[part], y[part], sync=j == accumulate_steps - 1)
         trainer.optimizer_step()
-    return torch.cat([p.detach().flatten() for p in bare.parameters()]).cpu().numpy(), counter.calls
+    flat = torch.cat([p.detach().flatten() for p in trainer.bare.parameters()])
+    return flat.cpu().numpy(), counter.calls
 
 def ddp_checks(env:DistEnv, global_batch:int=12, steps:int=3, variants:bool=True) -> dict:
     "`train_steps`: plain and, if `variants`, with 3 micro-batches and with BN in training mode."
