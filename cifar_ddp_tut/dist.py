@@ -4,17 +4,12 @@
 
 # %% ../nbs/program/02_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import contextlib, os, pickle, platform, signal, subprocess, sys, socket, random, time, datetime
-import threading, traceback, uuid
+import os, platform, subprocess, sys, socket, random, time, datetime, threading, uuid
 from dataclasses import dataclass, field
 import numpy as np
-import psutil
 import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
-from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 # %% auto #0
 __all__ = ['TORCHRUN_VARS', 'ALLREDUCE_BYTES', 'WorldError', 'DeviceError', 'PeerFailed', 'DistEnv', 'env_ranks', 'pick_device',

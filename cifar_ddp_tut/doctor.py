@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
-from .dist import describe_world, clock, in_notebook, cpu_name
+from .dist import describe_world, in_notebook, cpu_name
 from .dist import TORCHRUN_VARS, ALLREDUCE_BYTES, allreduce_rows
 from .launch import torchrun_cmd, run_process, launch_workers, LaunchError
 from .checkpoint import load_checkpoint, snapshot_progress

@@ -43,7 +43,7 @@ def launch_workers(fn, nprocs:int, *args, backend:str='auto', group_timeout_s:fl
                           ) from None
     except SignalException as e:
         if e.sigval != signal.SIGALRM: raise
-        raise LaunchError(f"did not finish within {job_timeout_s:.0f} s; raise --timeout_s"
+        raise LaunchError(f"did not finish within {job_timeout_s:.0f} s; raise --job_timeout_s"
                           ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -2,7 +2,7 @@
 taken together, a sharded stream, reentrant checkpointing under DDP, gathered metrics on 2 processes): gathered metrics
 on 3 processes, where the shards are uneven (34, 34, 33)."""
 import torch
-from cifar_ddp_tut.lessons.tools import launch
+from cifar_ddp_tut.launch import launch
 from cifar_ddp_tut.lessons.atlas import demo_gather_eval, toy_eval_set, roc_auc, confusion
 
 

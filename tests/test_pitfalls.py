@@ -2,7 +2,7 @@
 import io, time
 import pytest
 import torch
-from cifar_ddp_tut.lessons.tools import launch
+from cifar_ddp_tut.launch import launch
 from cifar_ddp_tut.lessons.pitfalls import (demo_rank0_only_collective, demo_download, demo_rank_vs_local_rank,
                                             demo_save_every_rank, demo_module_prefix, run_many, toy_snapshot,
                                             with_hole, load_and_compare)

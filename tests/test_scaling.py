@@ -12,7 +12,7 @@ from cifar_ddp_tut.lessons.scaling import (
     expected_max, growth_curves)
 from cifar_ddp_tut.lessons.machinery import resnet18_10
 from cifar_ddp_tut.data import write_synthetic_cifar10
-from cifar_ddp_tut.lessons.tools import launch
+from cifar_ddp_tut.launch import launch
 
 # What the notebook states (section 3): held-out mean absolute error (%) of the model and the
 # rules of thumb, on the cases at N >= 32 and by range of N, recomputed from the data file

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/course/08_error_atlas.ipynb #7b083c3b
 from __future__ import annotations
-import argparse, datetime, faulthandler, json, logging, os, re, signal, textwrap, time, uuid
+import argparse, datetime, faulthandler, json, logging, os, re, signal, time, uuid
 from pathlib import Path
 import torch
 import torch.distributed as dist

@@ -10,8 +10,6 @@ import torch
 import torch.nn.functional as F
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from ..config import load_config
-from ..model import build_model
 from ..dist import allreduce_rows
 
 # %% auto #0

@@ -4,12 +4,12 @@
 
 # %% ../../nbs/program/12_course_tools.ipynb #efbfbfb2
 from __future__ import annotations
-import contextlib, datetime, os, re, shlex, signal, subprocess, sys, tempfile, time
+import contextlib, datetime, os, re, shlex, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from ..dist import DistEnv, in_order
-from ..launch import TORCHRUN, launch, start_process, stop_process
+from ..launch import launch, start_process, stop_process
 
 # %% auto #0
 __all__ = ['whoami', 'demo_exact_eval', 'demo_in_order', 'forkserver_preload', 'child_output', 'exception_lines', 'run',
