@@ -4,7 +4,7 @@
 
 # %% ../nbs/program/02_dist.ipynb #1ecb6f26
 from __future__ import annotations
-import os, platform, subprocess, sys, socket, random, time, datetime, threading, uuid
+import os, platform, sys, socket, random, time, datetime, threading, uuid
 from dataclasses import dataclass, field
 import numpy as np
 import torch

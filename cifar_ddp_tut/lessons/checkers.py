@@ -283,6 +283,48 @@ def unwaited(logs:list) -> bool:
 def _where(e) -> str:
     return f" at {e['step']}" if e and e.get('step') else ''
 
+def _rank_line(x:dict, p:dict|None) -> str:
+    "What rank `x` did, in a few words; `p`: the collective it was inside, if any."
+    r = x['rank']
+    if x['status'] == 'ok': return f"rank {r} returned"
+    last = p or dict(step=x.get('step') or next(
+        (e['step'] for e in reversed(x['log']) if e.get('step')), None))
+    in_ = f" in {_call_text(p)}{_where(p)}" if p else _where(last)
+    if x['status'] == 'raised' and x['waited']:
+        why = ("the checker's short timeout" if re.search('[Tt]imed? ?out', x['error'])
+               else "its partner was gone")
+        return f"rank {r} waited{in_} until {why} ({x['error']})"
+    if x['status'] == 'raised': return f"rank {r} raised {x['error']}{in_}"
+    if x['status'] == 'died':
+        said = f" (it said: {x['said']})" if x.get('said') else ''
+        return (f"rank {r} was ended by {x['signal']}{in_}{said}" if x['signal'] else
+                f"rank {r} exited with code {x['exitcode']}{in_}")
+    return f"rank {r} had not returned after {x['seconds']:g} s{in_}"
+
+def _likely_cause(bad:list, inside:dict, world:int) -> str|None:
+    "The usual cause of these failures, from which collectives the ranks were inside."
+    fns = {p['fn'] for p in inside.values()}
+    shapes = {json.dumps(p.get('shapes')) for p in inside.values()}
+    raised = [x for x in bad if x['status'] == 'raised' and not x['waited']]
+    if len(fns) > 1:
+        return ("the ranks were in different collectives at the same time: every rank must make "
+                "the same collective calls in the same order.")
+    if len(inside) > 1 and len(shapes) > 1:
+        return (f"the ranks called dist.{fns.pop()} with tensors of different shapes; gloo checks "
+                "the sizes it receives and raises, times out, or aborts the process (SIGABRT). "
+                "Every rank must pass tensors of the same shape.")
+    if raised:
+        return (f"start from rank {raised[0]['rank']}'s error" + (
+            ": the ranks that waited were waiting for it." if inside else "."))
+    if any(x['status'] == 'died' and x['signal'] for x in bad):
+        return ("a process ended by a signal: SIGABRT is an abort (gloo aborts on a collective "
+                "it cannot complete), SIGKILL is usually the system (out of memory).")
+    if any(x['status'] == 'died' for x in bad):
+        return "a process that exits without returning: sys.exit or os._exit in your function?"
+    if any(x['status'] == 'hung' and x['rank'] not in inside for x in bad):
+        return "a rank that never returns outside any collective: a loop that does not end?"
+    if inside and len(inside) < world: return MEETING
+
 def failure(ex:Exercise, case, ranks:list, world:int):
     "The verdict when a rank raised, died or hung: who, doing what, and the likely cause."
     bad = [x for x in ranks if x['status'] != 'ok']
@@ -293,51 +335,12 @@ def failure(ex:Exercise, case, ranks:list, world:int):
                    "elsewhere in the notebook is not there. Import or define it inside the function"
                    " "
                    "(torch, dist, nn, F, math, os, random, contextlib and DDP are there).")
-    lines, inside = [], {}
-    for x in ranks:
-        p, r = pending(x['log']), x['rank']
-        if p: inside[r] = p
-        last = p or dict(step=x.get('step') or next(
-            (e['step'] for e in reversed(x['log']) if e.get('step')), None))
-        in_ = f" in {_call_text(p)}{_where(p)}" if p else (
-            _where(last) if x['status'] != 'ok' else '')
-        if x['status'] == 'ok': lines.append(f"rank {r} returned")
-        elif x['status'] == 'raised' and x['waited']:
-            why = ("the checker's short timeout" if re.search('[Tt]imed? ?out', x['error'])
-                   else "its partner was gone")
-            lines.append(f"rank {r} waited{in_} until {why} ({x['error']})")
-        elif x['status'] == 'raised': lines.append(f"rank {r} raised {x['error']}{in_}")
-        elif x['status'] == 'died':
-            said = f" (it said: {x['said']})" if x.get('said') else ''
-            lines.append(f"rank {r} was ended by {x['signal']}{in_}{said}" if x['signal'] else
-                         f"rank {r} exited with code {x['exitcode']}{in_}")
-        else: lines.append(f"rank {r} had not returned after {x['seconds']:g} s{in_}")
-    what = f"on {world} processes, " + '; '.join(lines)
+    inside = {x['rank']: p for x in ranks if (p := pending(x['log']))}
+    what = f"on {world} processes, " + '; '.join(_rank_line(x, inside.get(x['rank']))
+                                                 for x in ranks)
     hint = ex.explain(case, [x['log'] for x in ranks], world) if ex.explain else None
     if isinstance(hint, tuple): what, hint = what + '; ' + hint[0], hint[1]
-    fns = {p['fn'] for p in inside.values()}
-    shapes = {json.dumps(p.get('shapes')) for p in inside.values()}
-    raised = [x for x in bad if x['status'] == 'raised' and not x['waited']]
-    if hint: pass
-    elif len(fns) > 1:
-        hint = ("the ranks were in different collectives at the same time: every rank must make "
-                "the same collective calls in the same order.")
-    elif len(inside) > 1 and len(shapes) > 1:
-        hint = (f"the ranks called dist.{fns.pop()} with tensors of different shapes; gloo checks "
-                "the sizes it receives and raises, times out, or aborts the process (SIGABRT). "
-                "Every rank must pass tensors of the same shape.")
-    elif raised:
-        hint = (f"start from rank {raised[0]['rank']}'s error" + (
-            ": the ranks that waited were waiting for it." if inside else "."))
-    elif any(x['status'] == 'died' and x['signal'] for x in bad):
-        hint = ("a process ended by a signal: SIGABRT is an abort (gloo aborts on a collective "
-                "it cannot complete), SIGKILL is usually the system (out of memory).")
-    elif any(x['status'] == 'died' for x in bad):
-        hint = "a process that exits without returning: sys.exit or os._exit in your function?"
-    elif any(x['status'] == 'hung' and x['rank'] not in inside for x in bad):
-        hint = "a rank that never returns outside any collective: a loop that does not end?"
-    elif inside and len(inside) < world: hint = MEETING
-    return what, hint or ex.general
+    return what, hint or _likely_cause(bad, inside, world) or ex.general
 
 def verdict(ex:Exercise, cases:list, ranks:list, world:int):
     "None if every rank's results are right on every case, else (what, hint), or 'todo'."
@@ -354,9 +357,8 @@ def verdict(ex:Exercise, cases:list, ranks:list, world:int):
             return (f"on {world} processes the results were right this time, but a collective "
                     "started with async_op=True was never waited for: a race.", ASYNC_HINT)
 
-def check(n:int, fn, seed:int|None=None, job_timeout_s:float=20, group_timeout_s:float=4):
-    "Run the learner's `fn` for exercise `n` on each of its world sizes; print the verdict."
-    ex = EXERCISES[n]
+def _answer_source(n:int, fn, ex:Exercise):
+    "`fn`'s source and the modules it imports, or None once the reason it is refused is printed."
     try: source = inspect.getsource(fn)
     except (TypeError, OSError):
         return _say(n, "cannot check this", f"{fn!r} is not a function defined in a cell",
@@ -369,6 +371,13 @@ def check(n:int, fn, seed:int|None=None, job_timeout_s:float=20, group_timeout_s
                     " "
                     "frames, modules or the solutions" + (" (or the class it rebuilds)"
                                                           if ex.banned else '') + ".")
+    return source, modules
+
+def check(n:int, fn, seed:int|None=None, job_timeout_s:float=20, group_timeout_s:float=4):
+    "Run the learner's `fn` for exercise `n` on each of its world sizes; print the verdict."
+    ex = EXERCISES[n]
+    if not (got := _answer_source(n, fn, ex)): return
+    source, modules = got
     stub = is_stub(n, source)
     if stub and not ex.run_stub:
         return _say(n, "not done yet", "the function is as given: edit it, run its cell, then "
@@ -766,7 +775,7 @@ class Ex6:
         model = _net(case['seed'], bn=True)
         opt = torch.optim.SGD(model.parameters(), lr=lr)
         X, Y = Ex6.data(case)
-        k, w, b = case['k'], case['world'], case['per_rank']
+        w, b = case['world'], case['per_rank']
         parts = [_rank_part(X, Y, r, b) for r in range(w)]
         if concat: parts = [[(torch.cat([x for x, _ in p]), torch.cat([y for _, y in p]))]
                             for p in parts]
@@ -776,7 +785,7 @@ class Ex6:
                 (F.cross_entropy(model(x), y) / len(parts[r]) / w).backward()
         opt.step()
         return _flat(model)
-    def judge(case, ps, logs, world):
+    def judge(case, ps, logs, world):  # one mistake a check, in the order they must be ruled out
         k = case['k']
         what = f"{k} micro-batches of {case['per_rank']} images on each of {world} ranks"
         ev = lambda key: [e for e in logs[0] if e['ev'] == 'note' and key in e]
@@ -888,7 +897,7 @@ class Ex7:
             opt.zero_grad(); F.cross_entropy(model(X[s]), Y[s]).backward(); opt.step()
         if not _near(got[0]['params'], _flat(model)):
             return (what + ": the right number of steps, but the weights differ from those "
-                    f"steps on the whole batches.", "train normally on the steps you take.")
+                    "steps on the whole batches.", "train normally on the steps you take.")
         return None
     def proof(cases):
         return ("every rank stopped after the shortest rank's last batch, with the weights of "
@@ -946,7 +955,7 @@ class Ex8:
              "that exists is not yet complete (or write it under a temporary name and rename it).")
     def explain(case, logs, world):
         return Ex8.EARLY if Ex8.too_early(logs) else None
-    def judge(case, got, logs, world):
+    def judge(case, got, logs, world):  # one mistake a check, in the order they must be ruled out
         what = f"on {world} ranks"
         savers = [r for r, l in enumerate(logs) if any('save_start' in e for e in l)]
         if savers != [0]:
