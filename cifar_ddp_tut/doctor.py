@@ -151,11 +151,12 @@ def _train(nprocs, keys, workdir, tag, job_timeout_s, stop_when=None):
     "Train under torchrun, output in files: (exit code, None if stopped; stdout; stderr)."
     logdir = Path(workdir)/f'log-{tag}'; logdir.mkdir(parents=True, exist_ok=True)
     with open(logdir/'stdout.txt', 'w') as out, open(logdir/'stderr.txt', 'w') as err:
-        try: code = run_process(torchrun_cmd(nprocs, *cli(keys)), job_timeout_s, stop_when, grace_s=60,
-                                stdout=out, stderr=err, env=_threads_env(nprocs)).returncode
+        try: code = run_process(torchrun_cmd(nprocs, *cli(keys)), job_timeout_s, stop_when,
+                                grace_s=60, stdout=out, stderr=err,
+                                env=_threads_env(nprocs)).returncode
         except TimeoutExpired: raise LaunchError(
-            f"did not finish within {job_timeout_s:.0f} s; raise --job_timeout_s, or look for a rank stuck "
-            "in a collective") from None
+            f"did not finish within {job_timeout_s:.0f} s; raise --job_timeout_s, or look for a "
+            "rank stuck in a collective") from None
     return code, (logdir/'stdout.txt').read_text(), (logdir/'stderr.txt').read_text()
 
 def _why(code, err): return f"exit code {code}: {_error_lines(err, 'cifar_ddp_train: error: ')}"
@@ -224,8 +225,8 @@ def check_bench(nprocs:int, workdir, job_timeout_s:float=600) -> tuple[list, dic
                        **small)  # one launch each, at the config's batch: a check, not a study
     fails = '; '.join(f['error'] for f in report['failures'])
     speeds = ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results'])
-    return [result_row('benchmark: original and fast recipes', not report['failures'], fails or speeds,
-                  t0)], report
+    return [result_row('benchmark: original and fast recipes', not report['failures'],
+                       fails or speeds, t0)], report
 
 # %% ../nbs/program/11_doctor.ipynb #c000001f
 PARTS = ('allreduce', 'run', 'bench')

@@ -384,7 +384,7 @@ def config_loaders(cfg:Config, env:DistEnv) -> tuple:
     return loaders
 
 def build_trainer(cfg:Config, env:DistEnv, loaders:tuple|None=None) -> Trainer:
-    "Data, model, optimizer and schedule for this rank, wrapped in a Trainer; the one way to one."
+    "Data, model, optimizer and schedule for this rank in a Trainer: the one way to build one."
     # `loaders`: (training, evaluation) loaders, None: the config's data set. (None, None): the
     # caller feeds batches itself; an epoch is then max_steps_per_epoch steps
     sizes = run_sizes(cfg, env.world_size)  # fail first if the batch does not divide
