@@ -10,7 +10,7 @@ def test_gather_eval_exact():
     "Gathered uneven predictions equal the one-process AUC and confusion matrix; padding and rank means do not."
     s, y = toy_eval_set(torch.arange(101))
     ref = (roc_auc(s, y), confusion(s, y))
-    res = launch(demo_gather_eval, 3, 101, timeout_s=90)
+    res = launch(demo_gather_eval, 3, 101, job_timeout_s=90)
     assert [r['n_local'] for r in res] == [34, 34, 33]
     for r in res:
         assert r['exact']['indices'] == list(range(101))

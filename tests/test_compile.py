@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from cifar_ddp_tut.config import Config
-from cifar_ddp_tut.dist import launch_workers
+from cifar_ddp_tut.launch import launch_workers
 from cifar_ddp_tut.model import build_optimizer, prepare_model
 
 
@@ -32,7 +32,7 @@ def test_compiled_training_matches_eager(tmp_path):
     cache = tmp_path/'kernels'
     runs = {scope: launch_workers(train_tiny, 2, dict(compile=scope != 'eager', compile_scope=scope if scope != 'eager'
                                                       else 'ddp', compile_cache_dir=str(cache)),
-                                  backend='gloo', timeout_s=600)
+                                  backend='gloo', job_timeout_s=600)
             for scope in ('eager', 'ddp', 'module')}
     eager = runs['eager']
     for scope, ranks in runs.items():

@@ -16,7 +16,7 @@ def four(tmp_path_factory):
     root = tmp_path_factory.mktemp('pitfalls')
     res = launch(run_many, 4, (demo_rank_vs_local_rank, 12, 2),
                  (demo_download, str(root/'download')), (demo_save_every_rank, str(root/'save')),
-                 (demo_module_prefix, str(root/'prefix')), timeout_s=180)
+                 (demo_module_prefix, str(root/'prefix')), job_timeout_s=180)
     return {name: [by_rank[i] for by_rank in res] for i, name in enumerate(NAMES)}
 
 
@@ -56,7 +56,7 @@ def test_module_prefix(four):
 def test_rank0_only_collective_times_out():
     "The collective inside `if is_main:` is an error after the 3 s timeout on every rank, not a hang."
     t0 = time.monotonic()
-    res = launch(demo_rank0_only_collective, 2, 3.0, timeout_s=120)
+    res = launch(demo_rank0_only_collective, 2, 3.0, job_timeout_s=120)
     elapsed = time.monotonic() - t0
     # both ranks time out at about the same moment; the first to do so closes its connections, so its
     # partner may report the closed connection instead of its own timeout (as in nbs/course/08_error_atlas)

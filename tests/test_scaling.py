@@ -72,7 +72,7 @@ def test_straggler_growth_from_a_distribution():
 def test_ddp_buckets_match_what_ddp_sends():
     small = resnet18_10(0)
     for kw, cap in (({}, None), ({'bucket_cap_mb': 25}, 25)):
-        steps = launch(partial(record_buckets, steps=3, **kw), 2, timeout_s=300)[0]
+        steps = launch(partial(record_buckets, steps=3, **kw), 2, job_timeout_s=300)[0]
         assert steps[0] == [grad_bytes(small)]  # the first step: one bucket
         assert steps[1] == steps[2] == ddp_buckets(small, cap)
 
@@ -111,7 +111,7 @@ def test_cost_model_is_sane():
 
 def test_comm_hooks_send_the_bytes_they_should(tmp_path):
     write_synthetic_cifar10(tmp_path, n_train=64, n_test=10, seed=0)
-    res = launch(hook_worker, 2, str(tmp_path), HOOKS, 4, 16, 2, timeout_s=300)
+    res = launch(hook_worker, 2, str(tmp_path), HOOKS, 4, 16, 2, job_timeout_s=300)
     full = grad_bytes(resnet18_10(0))
     for r in res:
         assert r['fp32']['bytes'] == [full] * 4 and r['fp32']['error'] < 1e-6
