@@ -121,13 +121,14 @@ def launch(fn, nprocs:int=2, *args, backend:str='gloo', group_timeout_s:float=60
 TORCHRUN = (sys.executable, '-m', 'torch.distributed.run')  # the torchrun of this Python
 
 def torchrun_cmd(nprocs:int, *args,
-                 module:str='cifar_ddp_tut.train',  # what every process runs
+                 module='cifar_ddp_tut.train',  # what every process runs: a module, or a .py file
                  launcher_args=(),     # torchrun's own options: --max-restarts=3, --nnodes=2, ...
                  standalone:bool=True, # --standalone: one node, a rendezvous on a free port
                 ) -> list:
     "`torchrun [--standalone] --nproc_per_node=nprocs *launcher_args -m module *args`, as a list."
+    target = [str(module)] if str(module).endswith('.py') else ['-m', module]
     return [*TORCHRUN, *(['--standalone'] if standalone else []),
-            f'--nproc_per_node={nprocs}', *map(str, launcher_args), '-m', module, *map(str, args)]
+            f'--nproc_per_node={nprocs}', *map(str, launcher_args), *target, *map(str, args)]
 
 def start_process(cmd:list, **popen_kw) -> subprocess.Popen:
     "`Popen(cmd)` as text, in a session of its own: `stop_process` signals its whole group."

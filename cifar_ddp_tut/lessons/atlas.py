@@ -90,14 +90,13 @@ def job_main(argv=None):
 
 # %% ../../nbs/course/08_error_atlas.ipynb #a71a5d01
 import subprocess, sys
-from ..launch import TORCHRUN, run_process, start_process, stop_process
+from ..launch import TORCHRUN, run_process, start_process, stop_process, torchrun_cmd
 from .tools import write_script, worker_pids, strip_paths
 
 def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0) -> dict:
     "Run `fn` under torchrun with `--hang`, `kill -USR1` every rank, stop the job: {rank: stack}."
     folder = Path(folder)
-    p = start_process([*TORCHRUN, '--standalone', f'--nproc_per_node={nproc}',
-                       write_script(folder, fn), '--hang'],
+    p = start_process(torchrun_cmd(nproc, '--hang', module=write_script(folder, fn)),
                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                       env={**os.environ, 'OMP_NUM_THREADS': '1', 'STACK_DIR': str(folder)})
     try:
