@@ -31,6 +31,6 @@ def right_answers(idx:list, n:int, n_right:int) -> int:
 def padded_evaluation(env, n:int=10, n_right:int=5) -> dict:
     "This rank's padded shard, and the correct answers and images counted over all ranks."
     idx = list(DistributedSampler(range(n), env.world_size, env.rank, shuffle=False))
-    counts = torch.tensor([right_answers(idx, n, n_right), len(idx)])
+    counts = torch.tensor([right_answers(idx, n, n_right), len(idx)], device=env.device)
     dist.all_reduce(counts)                # [correct, images] summed over the ranks
     return dict(indices=idx, correct=int(counts[0]), count=int(counts[1]))
