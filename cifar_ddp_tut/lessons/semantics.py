@@ -4,16 +4,17 @@
 
 # %% ../../nbs/course/05_guarantees.ipynb #db495bd8
 from __future__ import annotations
-import torch
+import contextlib
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from ..config import Config
 from ..dist import DistEnv, seed_everything
 from ..model import build_model
-from ..train import build_trainer
 from .machinery import fixed_batches  # the batches 03_inside_ddp uses
 
 # %% auto #0
-__all__ = ['tiny_config', 'train_steps', 'ddp_checks', 'evaluate_with']
+__all__ = ['tiny_config', 'plain_step', 'train_steps', 'ddp_checks', 'accumulated_step', 'accumulation_check', 'evaluate_with']
 
 # %% ../../nbs/course/05_guarantees.ipynb #181f8604
 def tiny_config(**kw) -> Config:
@@ -31,36 +32,56 @@ def _counting_allreduce(state:_CallCounter, bucket):
     state.calls += 1
     return default_hooks.allreduce_hook(None, bucket)
 
-def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, accumulate_steps:int=1,
-                freeze_bn:bool=True, sync_bn:bool=False):
-    "`steps` Trainer steps on this rank's slice of fixed batches: (parameters, all-reduce calls)."
-    n = per_rank * env.world_size
-    cfg = tiny_config(batch_size=n, accumulate_steps=accumulate_steps, freeze_bn=freeze_bn,
-                      sync_bn=sync_bn and env.world_size > 1, seed=0, max_steps_per_epoch=steps)
-    trainer = build_trainer(cfg, env, loaders=(None, None))  # the batches come from here
-    counter = _CallCounter()
-    if env.is_distributed: trainer.model.register_comm_hook(counter, _counting_allreduce)
-    trainer.train_mode()
-    xs, ys = fixed_batches(steps, n)
-    mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
-    micro = trainer.sizes.micro_batch
+def plain_step(net, opt, x, y):
+    "One forward, backward and SGD step; under DDP, backward all-reduces the gradients."
+    F.cross_entropy(net(x), y).backward()
+    opt.step(); opt.zero_grad()
+
+def train_steps(env:DistEnv, steps:int=3, per_rank:int=4, freeze_bn:bool=True,
+                sync_bn:bool=False, step=plain_step):
+    "`step` on this rank's slice of fixed batches, `steps` times: (parameters, all-reduces a step)."
+    torch.manual_seed(0)                                      # the same weights in every run
+    model = build_model(tiny_config())
+    if sync_bn and env.world_size > 1: model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(env.device)
+    net, counter = model, _CallCounter()
+    if env.is_distributed:
+        net = DDP(model, device_ids=[env.device.index] if env.device.type == 'cuda' else None)
+        net.register_comm_hook(counter, _counting_allreduce)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    model.train()
+    if freeze_bn:                                             # BN on its running statistics
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm): m.eval()
+    xs, ys = fixed_batches(steps, per_rank * env.world_size)
+    mine, calls = slice(env.rank * per_rank, (env.rank + 1) * per_rank), []
     for s in range(steps):
-        x, y = xs[s, mine].to(env.device), ys[s, mine].to(env.device)
-        for j in range(accumulate_steps):
-            part = slice(j * micro, (j + 1) * micro)
-            trainer.train_step(x[part], y[part], sync=j == accumulate_steps - 1)
-        trainer.optimizer_step()
-    flat = torch.cat([p.detach().flatten() for p in trainer.bare.parameters()])
-    return flat.cpu().numpy(), counter.calls
+        before = counter.calls
+        step(net, opt, xs[s, mine].to(env.device), ys[s, mine].to(env.device))
+        calls.append(counter.calls - before)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return flat.cpu().numpy(), calls
 
 def ddp_checks(env:DistEnv, global_batch:int=12, steps:int=3, variants:bool=True) -> dict:
-    "`train_steps`: plain and, if `variants`, with 3 micro-batches and with BN in training mode."
+    "`train_steps` with BatchNorm frozen and, if `variants`, in training mode."
     per_rank = global_batch // env.world_size
     out = dict(plain=train_steps(env, steps, per_rank))
-    if variants:
-        out['accum'] = train_steps(env, steps, per_rank, accumulate_steps=3)
-        out['bn_train'] = train_steps(env, steps, per_rank, freeze_bn=False)
+    if variants: out['bn_train'] = train_steps(env, steps, per_rank, freeze_bn=False)
     return out
+
+# %% ../../nbs/course/05_guarantees.ipynb #d5c0bb5d
+def accumulated_step(net, opt, x, y, k:int=3):
+    "One SGD step on `k` micro-batches of (x, y), all-reducing the gradients once, after the last."
+    for j, (xm, ym) in enumerate(zip(x.chunk(k), y.chunk(k))):
+        skip = j < k - 1 and isinstance(net, DDP)
+        with net.no_sync() if skip else contextlib.nullcontext():   # forward AND backward inside
+            (F.cross_entropy(net(xm), ym) / k).backward()            # the mean of the k means
+    opt.step(); opt.zero_grad()
+
+def accumulation_check(env:DistEnv, steps:int=3, per_rank:int=6) -> dict:
+    "`train_steps` without and with accumulation over 3 micro-batches."
+    return {name: train_steps(env, steps, per_rank, step=step)
+            for name, step in (('plain', plain_step), ('accum', accumulated_step))}
 
 # %% ../../nbs/course/05_guarantees.ipynb #1b923e6a
 def evaluate_with(env:DistEnv, cfg:Config, checkpoint:str) -> dict:
