@@ -73,7 +73,7 @@ class ScratchDDP(nn.Module):
     def _grad_ready(self, p):    # autograd calls this once p.grad holds this backward's gradient
         if not self.reduce_this_backward: return   # no_sync(): keep adding into the local .grad
         p.grad.div_(self.world)   # divide, then sum over ranks: the mean
-        dist.all_reduce(p.grad)   # waits until every rank has contributed this gradient
+        dist.all_reduce(p.grad)   # gloo: returns with the sum; NCCL: once queued on the GPU
         self.all_reduces += 1
 
     @contextlib.contextmanager
@@ -208,7 +208,7 @@ def _copies_into_buckets(net, x, y) -> int:
         F.cross_entropy(net(x), y).backward()
     return sum(e.name == 'torch::distributed::reducer::mul_out' for e in prof.events())
 
-def torch_ddp_features(env:DistEnv, cap_mb:float=5, per_rank:int=2) -> dict:
+def torch_ddp_features(env:DistEnv, cap_mb:float=5, per_rank:int=4) -> dict:
     "Torch DDP measured: bucket sizes per step and cap, no_sync, gradients as bucket views."
     xs, ys = fixed_batches(4, per_rank * env.world_size)
     mine = slice(env.rank * per_rank, (env.rank + 1) * per_rank)
@@ -223,7 +223,8 @@ def torch_ddp_features(env:DistEnv, cap_mb:float=5, per_rank:int=2) -> dict:
         for s in range(2): seen.clear(); step(ddp, s); buckets_mb[cap].append(list(seen))
     model.zero_grad(); seen.clear()                  # the last model: bucket_cap_mb=25
     with ddp.no_sync(): step(ddp, 2)
-    no_sync = dict(inside=len(seen), grads_vs_rank0_inside=grads_vs_rank0(model))
+    no_sync = dict(inside=len(seen), grads_vs_rank0_inside=grads_vs_rank0(model),
+                   largest_grad=max(p.grad.abs().max().item() for p in model.parameters()))
     step(ddp, 3)
     no_sync.update(next_backward=len(seen), grads_vs_rank0_after=grads_vs_rank0(model))
     views = {}
