@@ -36,3 +36,13 @@ def test_checkpoint_between_compiled_and_plain(tmp_path):
     load_model_state(back, load_checkpoint(tmp_path/'compiled.pt'))
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), net.state_dict().values()))
 
+
+
+def test_accumulated_step_is_one_big_batch_in_one_process():
+    "course/05's accumulated_step (3 micro-batches, loss / 3) gives plain_step's weights, BatchNorm frozen."
+    from cifar_ddp_tut.dist import DistEnv
+    from cifar_ddp_tut.lessons.semantics import train_steps, accumulated_step
+    plain, calls = train_steps(DistEnv(), steps=2, per_rank=6)
+    accum, _ = train_steps(DistEnv(), steps=2, per_rank=6, step=accumulated_step)
+    assert calls == [0, 0]                      # no DDP in one process: no all-reduce
+    assert abs(plain - accum).max() < 1e-5
