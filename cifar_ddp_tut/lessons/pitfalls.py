@@ -4,19 +4,24 @@
 
 # %% ../../nbs/course/07_pitfalls.ipynb #e79ab8ab
 from __future__ import annotations
-import contextlib, datetime, gzip, io, os, random, re, time, zipfile
+import contextlib, gzip, io, os, random, re, time, zipfile
 from pathlib import Path
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
-from torch.utils.data import DistributedSampler
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from ..dist import DistEnv
+from .tools import group_with
 
 # %% auto #0
-__all__ = ['Timeline', 'epoch_end_wrong', 'epoch_end_fixed', 'demo_rank0_only_collective', 'archive_bytes', 'slow_write',
-           'fake_download', 'download_if_missing', 'unpack', 'demo_download', 'torchrun_env', 'demo_rank_vs_local_rank',
-           'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole', 'demo_module_prefix', 'run_many']
+__all__ = ['RESUME_PARTS', 'Timeline', 'epoch_end_wrong', 'epoch_end_fixed', 'demo_rank0_only_collective', 'archive_bytes',
+           'slow_write', 'fake_download', 'download_if_missing', 'unpack', 'demo_download', 'torchrun_env',
+           'demo_rank_vs_local_rank', 'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole',
+           'demo_module_prefix', 'tiny_training', 'rng_state', 'save_snapshot', 'load_snapshot', 'train_resumable',
+           'demo_train_and_crash', 'demo_resume']
 
 # %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9b
 def _short(e:BaseException) -> str:
@@ -24,43 +29,48 @@ def _short(e:BaseException) -> str:
     return re.sub(r'^\[[^\]]*\]\s*', '', str(e).splitlines()[0])
 
 class Timeline:
-    "Records when this rank entered and left each named step, and how it left (`ok` or the error)."
-    def __init__(self): self.t0, self.events = time.time(), []
+    "This rank's collectives: when it entered and left each, how it left, what it returned; a log."
+    def __init__(self): self.t0, self.events, self.log = time.time(), [], None
     @contextlib.contextmanager
-    def __call__(self, name:str):
-        ev = dict(name=name, start=time.time() - self.t0, outcome='ok')
-        try: yield
+    def __call__(self, name:str, t:torch.Tensor|None=None, what:str=''):
+        ev = dict(name=name, what=what, start=time.time() - self.t0, outcome='ok', value=None)
+        try:
+            yield
+            if t is not None: ev['value'] = t.item()
         except RuntimeError as e: ev['outcome'] = _short(e); raise
         finally: ev['end'] = time.time() - self.t0; self.events.append(ev)
 
-def epoch_end_wrong(env:DistEnv, loss_sum:torch.Tensor, group, step:Timeline):
-    "Reduce the loss for the log line on rank 0 only, then the epoch's last barrier; the log line."
-    line = None
-    if env.rank == 0:
-        with step('all_reduce'): dist.all_reduce(loss_sum, group=group)  # rank 0 waits here...
-        line = f"epoch loss {loss_sum.item():.2f}"
-    with step('barrier'): dist.barrier(group=group)  # ...for the others, who wait here for rank 0
-    return line
-
-def epoch_end_fixed(env:DistEnv, loss_sum:torch.Tensor, group, step:Timeline):
-    "Every rank reduces; only rank 0 writes the log line."
-    with step('all_reduce'): dist.all_reduce(loss_sum, group=group)
-    line = f"epoch loss {loss_sum.item():.2f}" if env.rank == 0 else None
+def epoch_end_wrong(env:DistEnv, loss_sum, correct, group, step:Timeline):
+    "Sum the loss for the log line on rank 0 only; every rank sums its correct answers; a barrier."
+    if env.rank == 0:  # the mistake: an all_reduce that only rank 0 makes...
+        with step('all_reduce', loss_sum, 'loss'): dist.all_reduce(loss_sum, group=group)
+        step.log = f"epoch loss {loss_sum.item():.0f}"
+    # ...pairs with the next all_reduce of the other ranks
+    with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
     with step('barrier'): dist.barrier(group=group)
-    return line
+
+def epoch_end_fixed(env:DistEnv, loss_sum, correct, group, step:Timeline):
+    "Every rank sums both; only rank 0 writes the log line."
+    with step('all_reduce', loss_sum, 'loss'): dist.all_reduce(loss_sum, group=group)
+    if env.rank == 0: step.log = f"epoch loss {loss_sum.item():.0f}"
+    with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
+    with step('barrier'): dist.barrier(group=group)
 
 def demo_rank0_only_collective(env:DistEnv,
                                timeout_s:float=3.0,  # how long a collective waits for the others
                               ) -> dict:
-    "The fixed epoch end, then the wrong one, with a `timeout_s` timeout; each rank's timeline."
-    group = dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
+    "The fixed epoch end, the wrong one, the wrong one at TORCH_DISTRIBUTED_DEBUG=DETAIL."
     out = {}
-    # the fixed case first: a group whose collective timed out is spent
-    for case, epoch_end in (('fixed', epoch_end_fixed), ('wrong', epoch_end_wrong)):
+    for case, epoch_end, debug in (('fixed', epoch_end_fixed, 'OFF'),
+                                   ('wrong', epoch_end_wrong, 'OFF'),
+                                   ('wrong, DETAIL', epoch_end_wrong, 'DETAIL')):
+        group = group_with(timeout_s, debug)  # a fresh group: one whose collective failed is spent
         dist.barrier(); step = Timeline()
-        try: line = epoch_end(env, torch.tensor([float(env.rank + 1)]), group, step)
-        except RuntimeError: line = None  # recorded by the timeline
-        out[case] = dict(events=step.events, log=line)
+        loss_sum = torch.tensor([env.rank + 1.0], device=env.device)         # right total: 3
+        correct = torch.tensor([100.0 * (env.rank + 1)], device=env.device)  # right total: 300
+        try: epoch_end(env, loss_sum, correct, group, step)
+        except RuntimeError: pass  # recorded by the timeline
+        out[case] = dict(events=step.events, log=step.log)
     return out
 
 # %% ../../nbs/course/07_pitfalls.ipynb #e5ec6720
@@ -135,7 +145,7 @@ def demo_rank_vs_local_rank(env:DistEnv,
                                           shuffle=False))
         everyone = [None] * env.world_size
         dist.all_gather_object(everyone, indices)
-        n_main = torch.tensor([float(who == 0)]); dist.all_reduce(n_main)
+        n_main = torch.tensor([float(who == 0)], device=env.device); dist.all_reduce(n_main)
         out[case] = dict(node=int(v['GROUP_RANK']), local_rank=local_rank, indices=indices,
                          is_main=who == 0, n_main=int(n_main.item()),
                          distinct=len({i for shard in everyone for i in shard}))
@@ -176,7 +186,10 @@ def demo_save_every_rank(env:DistEnv, root,
                 tmp = path.with_name('.best.pt.part'); slow_write(data, tmp); os.replace(tmp, path)
                 written = len(data)
             dist.barrier()  # nobody reads before the write is done
-        out[case] = dict(written=written, read=load_and_compare(path, snap, env.device),
+        seen = path.read_bytes()  # the file as this rank finds it, its own write done
+        out[case] = dict(written=written, size=len(seen),
+                         zeroed=sum(a == 0 != b for a, b in zip(seen, data)),
+                         read=load_and_compare(seen, snap, env.device),
                          files=sorted(p.name for p in path.parent.iterdir()))
     return out
 
@@ -213,10 +226,80 @@ def demo_module_prefix(env:DistEnv, root) -> dict:
         out[case] = dict(keys=keys, plain_load=plain, rescued=same)
     return out
 
-# %% ../../nbs/course/07_pitfalls.ipynb #47da3b80
-def run_many(env:DistEnv, *calls) -> list:
-    "Run several demos, each `(fn, *args)`, one after another in these processes; their results."
-    out = []
-    for fn, *args in calls:
-        dist.barrier(); out.append(fn(env, *args))
-    return out
+# %% ../../nbs/course/07_pitfalls.ipynb #89e96256
+RESUME_PARTS = ('model', 'optimizer', 'scheduler', 'rng')
+
+def tiny_training(env:DistEnv, epochs:int=2, seed:int=0) -> tuple:
+    "A small DDP job with all a resume must restore: dropout, momentum, a schedule, a shuffle."
+    from cifar_ddp_tut.lessons.topics import blobs  # course/06's 10 Gaussian blobs
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
+    model = DDP(net.to(env.device), device_ids=None if env.device.index is None
+                else [env.device.index])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = TensorDataset(*blobs(256, seed=1))
+    sampler = DistributedSampler(data, shuffle=True, seed=seed)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
+    torch.manual_seed(seed + 1 + env.rank)  # each rank draws its own dropout masks
+    return model, opt, sched, sampler, loader
+
+def rng_state() -> dict:
+    "This process's random state: torch's, and CUDA's where there is one."
+    st = dict(torch=torch.get_rng_state())
+    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state()
+    return st
+
+def save_snapshot(path, model, opt, sched, epoch:int, done:int):
+    "Rank 0 writes all a run needs to continue, every rank's random state included; a barrier."
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, rng_state())
+    if dist.get_rank() == 0:
+        tmp = Path(path).with_suffix('.part')
+        torch.save(dict(model=model.module.state_dict(), optimizer=opt.state_dict(),
+                        scheduler=sched.state_dict(), epoch=epoch, done=done, rng=every), tmp)
+        os.replace(tmp, path)
+    dist.barrier()
+
+def load_snapshot(path, model, opt, sched, device, parts=RESUME_PARTS) -> tuple:
+    "Restore `parts` of a snapshot: (epoch, batches done in it, this rank's random state or None)."
+    ck = torch.load(path, map_location=device, weights_only=True)
+    model.module.load_state_dict(ck['model'])
+    if 'optimizer' in parts: opt.load_state_dict(ck['optimizer'])
+    if 'scheduler' in parts: sched.load_state_dict(ck['scheduler'])
+    return ck['epoch'], ck['done'], ck['rng'][dist.get_rank()] if 'rng' in parts else None
+
+# %% ../../nbs/course/07_pitfalls.ipynb #a19b7668
+def train_resumable(env:DistEnv, path, epochs:int=2, crash_at=None, resume=None):
+    "Train; at `crash_at` (epoch, batch) save to `path` and stop; or start by restoring `resume`."
+    model, opt, sched, sampler, loader = tiny_training(env, epochs)
+    epoch, done, rng = 0, 0, None
+    if resume: epoch, done, rng = load_snapshot(path, model, opt, sched, env.device, resume)
+    for epoch in range(epoch, epochs):
+        sampler.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(done): next(batches)  # trained on before the snapshot
+        if rng:  # the random state as it was at the snapshot
+            torch.set_rng_state(rng['torch'].cpu())  # map_location may have moved it
+            if 'cuda' in rng: torch.cuda.set_rng_state(rng['cuda'].cpu())
+            rng = None
+        for x, y in batches:
+            x, y = x.to(env.device), y.to(env.device)
+            F.cross_entropy(model(x), y).backward(); opt.step(); sched.step(); opt.zero_grad()
+            done += 1
+            if (epoch, done) == crash_at:
+                save_snapshot(path, model, opt, sched, epoch, done); return None
+        done = 0
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).cpu().numpy()
+
+def demo_train_and_crash(env:DistEnv, path) -> dict:
+    "A whole run of 2 epochs; then the same run, saved after batch 3 of epoch 1 and stopped."
+    whole = train_resumable(env, path)
+    train_resumable(env, path, crash_at=(1, 3))
+    return whole
+
+def demo_resume(env:DistEnv, path) -> dict:
+    "New processes continue from the snapshot, restoring all of it, or leaving parts out."
+    return {name: train_resumable(env, path, resume=parts) for name, parts in
+            (('everything', RESUME_PARTS), ('all but the random states', RESUME_PARTS[:3]),
+             ('weights and position only', ('model',)))}

@@ -14,9 +14,9 @@ from ..dist import DistEnv
 from .tools import first_line, group_with
 
 # %% auto #0
-__all__ = ['COMPILE_VARIANTS', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy', 'unused_worker',
-           'demo_sometimes_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker', 'demo_uneven', 'WideMLP',
-           'CountingBackend', 'compile_worker']
+__all__ = ['UNUSED_CASES', 'COMPILE_VARIANTS', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy',
+           'unused_worker', 'demo_sometimes_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker', 'demo_uneven',
+           'WideMLP', 'CountingBackend', 'compile_worker']
 
 # %% ../../nbs/course/06_topics.ipynb #863ee8a4
 def _step(model, opt, x, y):
@@ -114,12 +114,13 @@ def unused_worker(env:DistEnv, ddp_kw:dict|None=None, extra_on=(0, 2), steps:int
         except RuntimeError as e: log.append(f"step {step}: {first_line(e)}"); error = str(e); break
     return dict(log=log, error=error)
 
-def demo_sometimes_unused(env:DistEnv) -> dict:
-    "Branch on steps 0 and 2: plain DDP, find_unused_parameters, static_graph; and never used."
-    return dict(plain=unused_worker(env),
-                find_unused=unused_worker(env, dict(find_unused_parameters=True)),
-                static_changing=unused_worker(env, dict(static_graph=True)),
-                static_never=unused_worker(env, dict(static_graph=True), ()))
+UNUSED_CASES = dict(  # name: (DDP's keywords, the steps that use the extra branch)
+    plain=({}, (0, 2)), find_unused=(dict(find_unused_parameters=True), (0, 2)),
+    static_changing=(dict(static_graph=True), (0, 2)), static_never=(dict(static_graph=True), ()))
+
+def demo_sometimes_unused(env:DistEnv, cases=tuple(UNUSED_CASES)) -> dict:
+    "Each of `cases` (names in UNUSED_CASES) one after another: each step's outcome."
+    return {case: unused_worker(env, *UNUSED_CASES[case]) for case in cases}
 
 # %% ../../nbs/course/06_topics.ipynb #0066db7f
 def deep_mlp(layers:int=24, width:int=128) -> nn.Module:
@@ -149,7 +150,8 @@ def uneven_worker(env:DistEnv, mode:str='plain', base:int=3, timeout_s:float=3.0
     opt, g = torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator().manual_seed(env.rank)
     batches = [torch.randn(8, 4, generator=g) for _ in range(base + 2 * env.rank)]
     if mode == 'min':  # every rank learns the smallest count and drops its surplus
-        n = torch.tensor(len(batches)); dist.all_reduce(n, op=dist.ReduceOp.MIN, group=group)
+        n = torch.tensor(len(batches), device=model.module.weight.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=group)
         batches = batches[:n.item()]
     steps, error, t0 = 0, None, time.monotonic()
     try:
