@@ -2,12 +2,14 @@
 the exercise cell as shipped in its notebook is "not done yet", at least four usual wrong answers
 each get their own hint (over several seeds where the inputs are random), a crash on one rank is a
 verdict that names the rank (never a traceback), and an answer that reads the checker's frames is
-refused.
+refused. An answer right on gloo whose collective's tensor was made without a device "passed here,
+not on NCCL"; processes that end before the learner's function runs are told so, and a script
+without `if __name__ == '__main__':` is told to add it.
 
 The answers are functions of this file, written as a learner would write them in a cell: the
 checker sends their source to the processes, where only torch, dist, nn, F, math, os, random,
 contextlib and DDP are defined."""
-import importlib.util, json, re, time
+import importlib.util, json, os, re, subprocess, sys, time
 import pytest
 from _util import ROOT
 from cifar_ddp_tut.lessons import solutions
@@ -51,7 +53,7 @@ def test_every_exercise_is_in_its_notebook():
 def test_solution_passes_and_shipped_cell_is_not_done(n, capsys, tmp_path):
     fn = getattr(solutions, re.search(r'def (\w+)', EXERCISES[n].stub)[1])
     out = verdict(capsys, n, fn)
-    assert f'Exercise {n}: passed' in out, out
+    assert f'Exercise {n}: passed\n' in out, out  # not "passed here, not on NCCL"
     stem, cell = exercise_cells()[n]
     out = verdict(capsys, n, from_source(tmp_path, cell, fn.__name__))
     assert f'Exercise {n}: not done yet' in out, out
@@ -136,6 +138,14 @@ def epoch_indices_no_pad(n, epoch, seed=0):
     order = torch.randperm(n, generator=g).tolist()
     return order[dist.get_rank()::dist.get_world_size()]
 
+def epoch_indices_pad_once(n, epoch, seed=0):  # right unless n is below the padding (1 on 3)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator(); g.manual_seed(seed + epoch)
+    order = torch.randperm(n, generator=g).tolist()
+    total = math.ceil(n / world) * world
+    order += order[:total - n]
+    return order[rank:total:world]
+
 # ---- exercise 4: a shard without padding
 def my_shard_padded(n):
     w, r = dist.get_world_size(), dist.get_rank()
@@ -180,6 +190,10 @@ def global_mean_own_count(values):
 def global_mean_no_return(values):
     s = torch.tensor([values.sum().item(), len(values)], dtype=torch.float64)
     dist.all_reduce(s); mean = s[0] / s[1]
+
+def global_mean_mean_times_count(values):  # right unless a rank holds no values (nan there)
+    s = torch.tensor([values.mean().item() * len(values), len(values)], dtype=torch.float64)
+    dist.all_reduce(s); return (s[0] / s[1]).item()
 
 # ---- exercise 6: accumulate with no_sync
 def accumulate_every_sync(ddp_model, micro_batches, optimizer):
@@ -226,6 +240,27 @@ def accumulate_by_hand(ddp_model, micro_batches, optimizer):
             (F.cross_entropy(ddp_model(x), y) / len(micro_batches)).backward()
     for p in ddp_model.parameters():
         dist.all_reduce(p.grad); p.grad /= dist.get_world_size()
+    optimizer.step()
+
+def accumulate_forward_outside(ddp_model, micro_batches, optimizer):
+    "Only the backward inside no_sync(): each backward still all-reduces (its forward decided)."
+    k = len(micro_batches)
+    optimizer.zero_grad()
+    for i, (x, y) in enumerate(micro_batches):
+        loss = F.cross_entropy(ddp_model(x), y) / k
+        with (contextlib.nullcontext() if i == k - 1 else ddp_model.no_sync()): loss.backward()
+    optimizer.step()
+
+def accumulate_last_forward_inside(ddp_model, micro_batches, optimizer):
+    "Every forward inside no_sync(), the last backward outside: no all-reduce at all."
+    k, losses = len(micro_batches), []
+    optimizer.zero_grad()
+    with ddp_model.no_sync():
+        for x, y in micro_batches[:-1]:
+            (F.cross_entropy(ddp_model(x), y) / k).backward()
+        x, y = micro_batches[-1]
+        last = F.cross_entropy(ddp_model(x), y) / k
+    last.backward()
     optimizer.step()
 
 # ---- exercise 7: stop together
@@ -329,6 +364,7 @@ WRONG = [  # (exercise, wrong answer, a piece of the hint meant for that mistake
     (3, epoch_indices_blocks, 'order[rank::world_size]'),
     (3, epoch_indices_range_pad, 'not range(pad)'),
     (3, epoch_indices_no_pad, 'pads the permutation'),
+    (3, epoch_indices_pad_once, 'as many times as the padding needs'),
     (4, my_shard_padded, 'padding the shards'),
     (4, my_shard_same, 'every rank returned the same indices'),
     (4, my_shard_drop, 'are on no rank'),
@@ -340,7 +376,10 @@ WRONG = [  # (exercise, wrong answer, a piece of the hint meant for that mistake
     (5, global_mean_by_world, 'the sum divided by the world size'),
     (5, global_mean_own_count, 'all-reduce the count as well'),
     (5, global_mean_no_return, NO_RETURN),
-    (6, accumulate_every_sync, 'wrap every backward but the last'),
+    (5, global_mean_mean_times_count, 'a rank with no values'),
+    (6, accumulate_every_sync, 'every micro-batch but the last, forward and backward'),
+    (6, accumulate_forward_outside, 'DDP decides in the forward whether the next backward'),
+    (6, accumulate_last_forward_inside, "the last micro-batch's forward ran inside no_sync()"),
     (6, accumulate_not_divided, 'divide it by the number of micro-batches'),
     (6, accumulate_step_each, 'step once, after the last backward'),
     (6, accumulate_by_world_too, 'not by the world size too'),
@@ -489,3 +528,79 @@ def test_hang_is_named_within_seconds(capsys):
     out = verdict(capsys, 1, total_images_rank0_only)
     assert 'rank 0 waited in dist.all_reduce' in out and 'rank 1 returned' in out, out
     assert time.monotonic() - t0 < 20
+
+
+# ---- right on gloo, refused by NCCL: a collective's tensor made without a device
+def total_images_no_device(n_mine):
+    total = torch.tensor([n_mine]); dist.all_reduce(total); return int(total)
+
+def global_mean_no_device(values):
+    s = torch.tensor([values.sum().item(), values.numel()], dtype=torch.float64)
+    dist.all_reduce(s); return (s[0] / s[1]).item()
+
+def train_uneven_no_device(ddp_model, batches, optimizer):
+    steps = 0
+    while True:
+        have = torch.tensor([1 if steps < len(batches) else 0]).double()  # derived: still CPU
+        dist.all_reduce(have, op=dist.ReduceOp.MIN)
+        if not have.item(): return steps
+        x, y = batches[steps]
+        optimizer.zero_grad(); F.cross_entropy(ddp_model(x), y).backward(); optimizer.step()
+        steps += 1
+
+def skip_step_no_device(loss):
+    bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0])
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX); return bool(bad.item())
+
+NO_DEVICE = [(1, total_images_no_device), (5, global_mean_no_device), (7, train_uneven_no_device),
+             (9, skip_step_no_device)]
+
+
+@pytest.mark.parametrize('n,fn', NO_DEVICE, ids=[f.__name__ for _, f in NO_DEVICE])
+def test_a_tensor_without_a_device_passes_here_not_on_nccl(n, fn, capsys):
+    out = verdict(capsys, n, fn, seed=0)
+    assert f'Exercise {n}: passed here, not on NCCL' in out, out
+    assert 'dist.all_reduce (its call' in out and 'NCCL takes CUDA tensors only' in out, out
+
+
+def skip_step_moved(loss):
+    bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0]).to(loss.device)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX); return bool(bad.item())
+
+
+def test_a_tensor_moved_to_the_inputs_device_passes(capsys):
+    "`.to(loss.device)` after making it: the same as device= (on the CPU, the same tensor)."
+    out = verdict(capsys, 9, skip_step_moved, seed=0)
+    assert 'Exercise 9: passed\n' in out, out
+
+
+# ---- processes that end before the learner's function runs (a script run with python)
+SCRIPT = """{head}
+import torch, torch.distributed as dist
+from cifar_ddp_tut.lessons.checkers import check
+def total_images(n_mine):
+    total = torch.tensor([n_mine]); dist.all_reduce(total); return int(total)
+{call}
+"""
+
+def run_script(tmp_path, head, call):
+    path = tmp_path / 'answer.py'
+    path.write_text(SCRIPT.format(head=head, call=call))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    p = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env=env)
+    return p.stdout
+
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path):
+    out = run_script(tmp_path, '', 'check(1, total_images)')
+    assert 'Exercise 1: not yet right' in out and 'before your function ran' in out, out
+    assert "outside `if __name__ == '__main__':`" in out and 'sys.exit' not in out, out
+
+
+def test_a_process_that_ends_while_starting_is_told_apart(tmp_path):
+    "The script's top level ends every new process (exit code 3) before the harness starts."
+    out = run_script(tmp_path, "import os\nif __name__ != '__main__': os._exit(3)",
+                     "if __name__ == '__main__': check(1, total_images)")
+    assert 'rank 0 exited with code 3 before your function ran' in out, out
+    assert 'each process imports your script (answer.py)' in out and 'sys.exit' not in out, out

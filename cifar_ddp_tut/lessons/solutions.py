@@ -16,7 +16,9 @@ __all__ = ['total_images', 'average_gradient', 'epoch_indices', 'my_shard', 'glo
 # %% ../../nbs/course/10_solutions.ipynb #7a5c926f
 def total_images(n_mine:int) -> int:
     "The number of images of all ranks together, returned on every rank."
-    total = torch.tensor([n_mine])
+    # NCCL takes CUDA tensors only: this rank's GPU there (torch.cuda.set_device), else the CPU
+    device = torch.device('cuda') if dist.get_backend() == 'nccl' else torch.device('cpu')
+    total = torch.tensor([n_mine], device=device)
     dist.all_reduce(total)   # every rank calls it; only the printing belongs under `if rank == 0`
     return int(total)
 
@@ -44,7 +46,8 @@ def my_shard(n:int) -> list:
 # %% ../../nbs/course/10_solutions.ipynb #153ef263
 def global_mean(values:torch.Tensor) -> float:
     "The mean of all ranks' values together (ranks hold different numbers of them), on every rank."
-    sums = torch.tensor([values.sum().item(), values.numel()], dtype=torch.float64)
+    sums = torch.tensor([values.sum().item(), values.numel()], dtype=torch.float64,
+                        device=values.device)  # where the values are: a GPU under NCCL
     dist.all_reduce(sums)    # [sum over all ranks, count over all ranks]
     return (sums[0] / sums[1]).item()
 
@@ -62,9 +65,9 @@ def accumulate(ddp_model, micro_batches:list, optimizer):
 # %% ../../nbs/course/10_solutions.ipynb #c9680de9
 def train_uneven(ddp_model, batches:list, optimizer) -> int:
     "Train on this rank's batches [(x, y), ...] until ANY rank has run out; return the steps taken."
-    steps = 0
+    steps, device = 0, next(ddp_model.parameters()).device  # the model's device
     while True:
-        have = torch.tensor([1 if steps < len(batches) else 0])
+        have = torch.tensor([1 if steps < len(batches) else 0], device=device)
         dist.all_reduce(have, op=dist.ReduceOp.MIN)  # 0 as soon as one rank has no batch left
         if not have.item(): return steps
         x, y = batches[steps]
@@ -85,6 +88,6 @@ def save_and_load(ddp_model, path:str) -> dict:
 # %% ../../nbs/course/10_solutions.ipynb #7da6433f
 def skip_step(loss:torch.Tensor) -> bool:
     "True on every rank when any rank's loss is not finite (then every rank skips this step)."
-    bad = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0])
+    bad = torch.tensor([0.0 if torch.isfinite(loss).all() else 1.0], device=loss.device)
     dist.all_reduce(bad, op=dist.ReduceOp.MAX)   # 1 on every rank if 1 on any
     return bool(bad.item())
