@@ -4,12 +4,12 @@
 
 # %% ../../nbs/course/02_process_group.ipynb #8b554988
 from __future__ import annotations
-import datetime, os, time
+import datetime, os, re, time
 import torch
 import torch.distributed as dist
 
 # %% auto #0
-__all__ = ['hello', 'collectives', 'ring_states', 'when_it_returns', 'join_alone', 'fails_on_rank_1']
+__all__ = ['hello', 'collectives', 'skips_one', 'ring_states', 'when_it_returns', 'join_alone', 'fails_on_rank_1']
 
 # %% ../../nbs/course/02_process_group.ipynb #2686ff66
 def hello(rank:int, world_size:int, port:int):
@@ -25,7 +25,7 @@ def hello(rank:int, world_size:int, port:int):
 # %% ../../nbs/course/02_process_group.ipynb #bc9f1cfa
 def collectives(env) -> dict:
     "This rank's tensor, then what each collective leaves on this rank."
-    mine = torch.tensor([env.rank + 1.0, 10.0 * (env.rank + 1)])
+    mine = torch.tensor([env.rank + 1.0, 10.0 * (env.rank + 1)], device=env.device)
     out = {'before: its own': mine.tolist()}
     for op in ('SUM', 'AVG', 'MAX'):
         t = mine.clone(); dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
@@ -33,6 +33,19 @@ def collectives(env) -> dict:
     t = mine.clone(); dist.broadcast(t, src=0); out['broadcast from 0'] = t.tolist()
     ts = [torch.empty_like(mine) for _ in range(env.world_size)]; dist.all_gather(ts, mine)
     out['all_gather'] = torch.cat(ts).tolist()
+    return out
+
+# %% ../../nbs/course/02_process_group.ipynb #a1c0de01
+def skips_one(env, n_second:int=1) -> list:
+    "Rank 0 all-reduces 1 then 2, rank 1 skips its 100 and sends 200: what each call gave, when."
+    t0, out = time.monotonic(), []
+    for i, v in enumerate((1.0, 2.0) if env.rank == 0 else (100.0, 200.0)):
+        if env.rank == 1 and i == 0: continue  # the mistake: rank 1 skips its first all-reduce
+        t = torch.full((n_second if i else 1,), v, device=env.device)
+        try: dist.all_reduce(t); got = t.tolist()
+        except RuntimeError as e: got = re.sub(r'^\[[^\]]*\]:? *', '', str(e))  # no source path
+        out.append(dict(call=i + 1, value=v, got=got, after_s=time.monotonic() - t0))
+        if isinstance(got, str): break
     return out
 
 # %% ../../nbs/course/02_process_group.ipynb #b6b89162
@@ -61,7 +74,7 @@ def when_it_returns(env, delay_s:float=1.0) -> dict:
     for mode in ('plain', 'async_op=True'):
         dist.barrier()                      # both ranks start together
         if env.rank == 1: time.sleep(delay_s)
-        t = torch.ones(1)
+        t = torch.ones(1, device=env.device)
         t0 = time.perf_counter()
         work = dist.all_reduce(t, async_op=mode != 'plain')
         t1 = time.perf_counter()
