@@ -49,7 +49,9 @@ def _near(a, b, tol:float=1e-5) -> bool: return (a - b).abs().max().item() < tol
 @exercise(1, "Every rank at the meeting", 'course/02_process_group', '''
 def total_images(n_mine:int) -> int:
     "The number of images of all ranks together, returned on every rank."
-    total = torch.tensor([n_mine])
+    # NCCL takes CUDA tensors only: this rank's GPU there (torch.cuda.set_device), else the CPU
+    device = torch.device('cuda') if dist.get_backend() == 'nccl' else torch.device('cpu')
+    total = torch.tensor([n_mine], device=device)
     if dist.get_rank() == 0:  # only rank 0 prints the total, so only rank 0 asks for it
         dist.all_reduce(total)
     return int(total)
