@@ -123,6 +123,8 @@ def main(argv=None):
     try: opts, args = split_args(argv)
     except UsageError as e:
         print(f"{USAGE}\ncifar_ddp_node: error: {e}", file=sys.stderr); sys.exit(REFUSED)
-    sys.exit(run_node(args, **opts))
+    code = run_node(args, **opts)
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(code)  # nothing left to clean up; a normal exit with torch loaded takes seconds
 
 if __name__ == '__main__' and not in_notebook(): main()

@@ -238,5 +238,5 @@ def test_sigterm_during_a_pause(tmp_path):
     finally: stop_process(p, grace_s=0)
     said = [l for l in err.read_text().splitlines() if l.startswith('cifar_ddp_node:')]
     print(f"SIGTERM during a 120 s pause: exit {rc} after {secs:.2f} s; {said}")
-    assert rc == 128 + signal.SIGTERM and secs < 10 and len(said) == 1, err.read_text()[-3000:]
+    assert rc == 128 + signal.SIGTERM and secs < 2 and len(said) == 1, err.read_text()[-3000:]
     assert 'worker exit code 13' in said[0] and '2 more after this' in said[0]
