@@ -103,9 +103,10 @@ def run_node(args:list, retries:int=3, retry_for:float=0, pause:float=10, err=No
             if tries == retries or (retry_for and spent + pause > retry_for):
                 endpoint = _arg(args, '--rdzv_endpoint', 'the rendezvous endpoint')
                 done = f"{tries} {'retry' if tries == 1 else 'retries'} over {spent:.0f} s"
-                say(f"torchrun failed ({why}) and no tries are left ({done if tries else 'none asked'}"
-                    f"): once every node reaches {endpoint}, run this same command on every node; "
-                    "the program resumes from its last snapshot")
+                done = done if tries else 'none asked'
+                say(f"torchrun failed ({why}) and no tries are left ({done}): once every node "
+                    f"reaches {endpoint}, run this same command on every node; the program "
+                    "resumes from its last snapshot")
                 return code
             tries += 1
             left = f"{retries - tries} more after this" if tries < retries else "the last"
