@@ -73,9 +73,10 @@ def _torchrun(args:list, child:list, signals:list, workers:list, err=None) -> tu
         for line in p.stderr: err.write(line); err.flush(); tail.append(line.rstrip('\n'))
     t = threading.Thread(target=copy, daemon=True); t.start()
     code = p.wait()
-    t.join(); child.clear()
+    child.clear()
     if signals:  # its workers, in sessions of their own, may still be saving: wait for them
         psutil.wait_procs(workers, timeout=60)
+    t.join(30)  # a worker that outlived torchrun may hold the pipe open: not forever
     return code, list(tail)
 
 def run_node(args:list, retries:int=3, retry_for:float=0, pause:float=10, err=None) -> int:
