@@ -35,7 +35,7 @@ def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in small_run.stdout, small_run.stdout
     hist = small_run.history
     best_epoch = torch.load(run/'best.pt', weights_only=True)['epoch']
-    for ckpt, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
+    for ckpt, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch - 1])):
         ev = _eval(1, run/ckpt, tmp_path/f'eval_{ckpt}', data)
         print(f"{ckpt}: logged val acc {row['val_acc']:.6f} loss {row['val_loss']:.6f}; "
               f"1-process eval acc {ev['acc']:.6f} loss {ev['loss']:.6f}")
