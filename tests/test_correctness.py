@@ -62,9 +62,9 @@ def _tiny_cfg(tmp_path, **kw):
 
 
 def test_resume_keeps_random_states_on_the_cpu(tmp_path, monkeypatch):
-    """On CUDA, loading a snapshot with map_location=cuda:LOCAL_RANK moved the RNG states onto the GPU and
-    set_rng_state crashed (`.numpy()` of a CUDA tensor). `meta` stands in for the accelerator: whatever the
-    trainer's device, the states handed to set_rng_state must be CPU tensors."""
+    """A snapshot loaded with map_location=cuda:LOCAL_RANK would carry the RNG states onto the GPU; the trainer reads
+    snapshots onto the CPU. Whatever the trainer's device (here `meta`, a device that is not the CPU), the states
+    handed to set_rng_state are CPU tensors."""
     cfg = _tiny_cfg(tmp_path)
     t = train.build_trainer(cfg, DistEnv())
     t.fit()

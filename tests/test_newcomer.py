@@ -3,7 +3,7 @@ how to train further or start over; epochs count from 1 on the console, in metri
 peak memory in each platform's units; one line naming WSL on Windows; the step scripts read a real-format CIFAR-10
 folder that has no synthetic manifest; the fast config's documented commands pass the config/launch check;
 `deterministic: true` is accepted, sets torch's flags and makes a run match itself."""
-import json, re, shlex, subprocess, sys, types
+import json, os, re, shlex, subprocess, sys, types
 import pytest
 import torch
 from _util import ROOT, read_metrics, run_module, small_args
@@ -111,16 +111,17 @@ def test_fast_config_documented_commands_pass_the_launch_check():
         pick_device(0, cfg.backend, cfg.device, local_world_size=1)
 
 
-def test_deterministic_key_sets_the_flags():
+def test_deterministic_key_sets_the_flags(monkeypatch):
+    monkeypatch.delenv('CUBLAS_WORKSPACE_CONFIG', raising=False)  # restored after the test
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # too late to set: set it as a user would
+        monkeypatch.setenv('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     with pytest.raises(ConfigError, match='deterministic=true cannot be combined with num_workers=4'):
         load_config(None, {'deterministic': 'true'})
     cfg = load_config(None, {'deterministic': 'true', 'num_workers': '0'})
     try:
-        train.set_kernel_flags(cfg, torch.device('cpu'))
+        train.set_kernel_flags(cfg, torch.device('cuda', 0))  # no autotuning even where it is on by default
         assert torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.benchmark
-        assert torch.backends.cudnn.deterministic
-        import os
-        assert os.environ['CUBLAS_WORKSPACE_CONFIG'] == ':4096:8'
+        assert torch.backends.cudnn.deterministic and os.environ['CUBLAS_WORKSPACE_CONFIG'] == ':4096:8'
     finally: train.set_kernel_flags(load_config(None), torch.device('cpu'))
     assert not torch.are_deterministic_algorithms_enabled()
 
