@@ -91,11 +91,9 @@ class Config:
     eval_batch_size: int = _f(0,
         "GLOBAL evaluation batch (0: batch_size); no activations kept, so it can be larger", min=0)
     cudnn_benchmark: bool = _f(True,
-        "let cuDNN time its convolution algorithms once for the fixed shapes (CUDA only; "
-        "off with deterministic)")
-    deterministic: bool = _f(False,
-        "bitwise-reproducible runs and resumes on GPUs too: deterministic algorithms, no cuDNN "
-        "autotuning, CUBLAS_WORKSPACE_CONFIG=:4096:8; slower on GPUs; needs num_workers: 0")
+        "let cuDNN time convolution algorithms once for fixed shapes (CUDA; off if deterministic)")
+    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes on GPUs too (slower): "
+        "no cuDNN autotuning, deterministic algorithms, cuBLAS's fixed workspace; num_workers: 0")
     # --- running
     backend: str = _f("auto",
         "process-group backend: auto (nccl with CUDA, else gloo), nccl or gloo",
