@@ -84,14 +84,16 @@ class Config:
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
     compile_cache_dir: str = _f("",
         "where compiled kernels are kept for later runs (empty: torch's, /tmp/torchinductor_USER)")
-    fused_optimizer: bool = _f(False, "fused SGD kernel (CUDA only)")
+    fused_optimizer: bool = _f(False, "fused SGD kernel, used on CUDA only (elsewhere: foreach)")
     ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MB", min=1)
     ddp_static_graph: bool = _f(False,
         "tell DDP the graph never changes (enables extra optimisations)")
     eval_batch_size: int = _f(0,
         "GLOBAL evaluation batch (0: batch_size); no activations kept, so it can be larger", min=0)
     cudnn_benchmark: bool = _f(True,
-        "let cuDNN time its convolution algorithms once for the fixed shapes (CUDA only)")
+        "let cuDNN time convolution algorithms once for fixed shapes (CUDA; off if deterministic)")
+    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes on GPUs too (slower): "
+        "no cuDNN autotuning, deterministic algorithms, cuBLAS's fixed workspace; num_workers: 0")
     # --- running
     backend: str = _f("auto",
         "process-group backend: auto (nccl with CUDA, else gloo), nccl or gloo",
@@ -209,6 +211,11 @@ def load_config(path=None, overrides:dict|None=None) -> Config:
         raise ConfigError(f"ddp_static_graph=true cannot be combined with accumulate_steps="
                           f"{cfg.accumulate_steps}: DDP's static graph fails inside no_sync(); "
                           f"set ddp_static_graph: false (or accumulate_steps: 1)")
+    if cfg.deterministic and cfg.num_workers:  # their random streams live in other processes
+        raise ConfigError(
+            f"deterministic=true cannot be combined with num_workers={cfg.num_workers}: a snapshot "
+            "cannot restore DataLoader workers' random streams, so a run stopped inside an epoch "
+            "would not resume bit for bit; set num_workers: 0 (device_data: true needs none)")
     if cfg.eval_only and not cfg.checkpoint:
         raise ConfigError(
             "eval_only=true needs checkpoint=PATH; pass --checkpoint save_dir/best.pt")

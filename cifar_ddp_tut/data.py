@@ -18,8 +18,8 @@ from .dist import DistEnv, in_order
 
 # %% auto #0
 __all__ = ['CLASSES', 'IMAGENET_MEAN', 'IMAGENET_STD', 'DataError', 'synthetic_images', 'write_synthetic_cifar10',
-           'SyntheticCIFAR10', 'get_datasets', 'train_transform', 'test_transform', 'ShardSampler', 'augment_args',
-           'eval_batch_per_rank', 'build_eval_loader', 'build_loaders', 'augment_batch', 'DeviceLoader']
+           'SyntheticCIFAR10', 'get_datasets', 'open_cifar10', 'train_transform', 'test_transform', 'ShardSampler',
+           'augment_args', 'eval_batch_per_rank', 'build_eval_loader', 'build_loaders', 'augment_batch', 'DeviceLoader']
 
 # %% ../nbs/program/03_data.ipynb #c89bc2ba
 class DataError(RuntimeError):
@@ -132,6 +132,19 @@ def _load_synthetic(cfg:Config, train:bool, transform):
     except RuntimeError:
         raise DataError(f"synthetic data in {str(root)!r} is corrupt (its MD5 check failed); "
                         f"delete {root/_BASE} and run again: it is generated afresh") from None
+
+# %% ../nbs/program/03_data.ipynb #f2a6c1e1
+def open_cifar10(root, train:bool=True, transform=None):
+    "CIFAR-10 in `root`: the generated set if `root` holds one, else the real download."
+    if (Path(root)/_BASE/_MANIFEST).exists():
+        return SyntheticCIFAR10(root, train=train, transform=transform)
+    try: return torchvision.datasets.CIFAR10(root, train=train, transform=transform,
+                                             download=False)
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted"
+        raise DataError(f"no CIFAR-10 in {str(root)!r}, or its MD5 check failed; download "
+                        "cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html "
+                        "and extract it there, or write a generated set with "
+                        "write_synthetic_cifar10") from None
 
 # %% ../nbs/program/03_data.ipynb #ac1bfe4a
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -182,14 +182,14 @@ def check_resume(nprocs:int, keys:dict, workdir, job_timeout_s:float, done:int):
     epochs = [h['epoch'] for h in hist]
     detail = ((f"printed {said!r}" if said in text else f"did not print {said!r}")
               + f"; epochs in metrics.jsonl {epochs}" if code == 0 else _why(code, err))
-    ok = code == 0 and said in text and epochs == list(range(RUN_EPOCHS))
+    ok = code == 0 and said in text and epochs == list(range(1, RUN_EPOCHS + 1))
     return result_row('run: resume is continuous', ok, detail, t0), hist
 
 def check_evals(nprocs:int, keys:dict, workdir, job_timeout_s:float, hist:list):
     "eval_only of the last snapshot and of best.pt against the logged rows: (verdicts, evals)."
     run, checks, out = Path(keys['save_dir']), [], {}
     best_epoch = load_checkpoint(run/'best.pt')['epoch']
-    for name, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
+    for name, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch - 1])):
         t0, ev_dir = time.monotonic(), Path(workdir)/f'eval-{name}'
         ev_keys = {**keys, 'eval_only': True, 'checkpoint': str(run/name), 'save_dir': str(ev_dir)}
         code, _, err = _train(nprocs, ev_keys, workdir, f'eval-{name}', job_timeout_s)

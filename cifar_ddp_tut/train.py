@@ -4,7 +4,11 @@
 
 # %% ../nbs/program/07_train.ipynb #56b9f9b4
 from __future__ import annotations
-import dataclasses, datetime, json, os, resource, signal, sys, time
+import dataclasses, datetime, json, os, signal, sys, time
+if sys.platform == 'win32':  # no `resource` module, no SIGUSR1: one line instead of an ImportError
+    raise SystemExit("cifar_ddp_tut runs on Linux and macOS; on Windows, run it inside WSL "
+                     "(Windows Subsystem for Linux)")
+import resource
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -27,15 +31,17 @@ from .checkpoint import (CheckpointError, load_checkpoint, load_model_state, unw
                                       load_resumable, snapshot_progress)
 
 # %% auto #0
-__all__ = ['QUIET_EXIT_WAIT_S', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError', 'Stopped', 'write_output',
-           'Trainer', 'request_stop', 'check_bn_batch', 'set_kernel_flags', 'ignore_stop_signals', 'config_loaders',
-           'build_trainer', 'run_program', 'run_eval', 'main']
+__all__ = ['CUBLAS_DETERMINISTIC', 'QUIET_EXIT_WAIT_S', 'peak_memory_gb', 'plot_history', 'TrainingDiverged', 'OutputError',
+           'Stopped', 'write_output', 'Trainer', 'request_stop', 'check_bn_batch', 'deterministic_env',
+           'set_kernel_flags', 'ignore_stop_signals', 'config_loaders', 'build_trainer', 'outputs_line', 'run_program',
+           'run_eval', 'main']
 
 # %% ../nbs/program/07_train.ipynb #92035e64
 def peak_memory_gb(device) -> float:
     "Peak CUDA memory allocated on `device`, or this process's peak RSS on CPU, in GB."
     if torch.device(device).type == 'cuda': return torch.cuda.max_memory_allocated(device) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux reports KiB
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # getrusage(2): macOS counts bytes,
+    return rss * (1 if sys.platform == 'darwin' else 1024) / 1e9  # Linux kilobytes
 
 # %% ../nbs/program/07_train.ipynb #2b3f0b31
 def plot_history(history:list, lrs:list, path=None, title:str=''):
@@ -43,11 +49,12 @@ def plot_history(history:list, lrs:list, path=None, title:str=''):
     from matplotlib.figure import Figure
     fig = Figure(figsize=(13, 3.6))
     ax = fig.subplots(1, 3)
-    ep = [h['epoch'] + 1 for h in history]
+    ep = [h['epoch'] for h in history]  # counted from 1, as the console does
     for a, key, name in ((ax[0], 'loss', 'Loss'), (ax[1], 'acc', 'Accuracy')):
         a.plot(ep, [h[f'train_{key}'] for h in history], 'o-', color='r', label=f'train {key}')
         a.plot(ep, [h[f'val_{key}'] for h in history], 'o-', color='b', label=f'val {key}')
         a.set_title(name); a.set_xlabel('epoch'); a.legend(); a.set_xticks(ep)
+    ax[0].set_yscale('log')  # one early validation loss far above the rest flattens a linear axis
     ax[2].plot(range(1, len(lrs) + 1), lrs, color='r', label='lr'); ax[2].set_title('Learning rate')
     ax[2].set_xlabel('optimizer step'); ax[2].legend()
     fig.suptitle(title); fig.tight_layout()
@@ -175,9 +182,9 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
     n = self.sizes.micro_batches_per_epoch
     skip = self.batches_done  # > 0 only when resuming a mid-epoch snapshot
     if not skip: self.meter = SumMetric(dev)  # resumed: load_snapshot restored the sums so far
-    bar = tqdm(total=n, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epoch}",
-               disable=not self.env.is_main, mininterval=1.0 if sys.stderr.isatty() else 10.0,
-               dynamic_ncols=True)
+    # a bar on a terminal only: in a log file or a notebook's saved output, its frames are noise
+    bar = tqdm(total=n, initial=skip, desc=f"epoch {epoch + 1}/{cfg.epoch}", mininterval=1.0,
+               disable=not (self.env.is_main and sys.stderr.isatty()), dynamic_ncols=True)
     try:
         for i, (x, y) in enumerate(self.train_loader):
             if i >= n: break
@@ -259,7 +266,7 @@ def save_snapshot(self:Trainer, epoch_done:bool, epoch:int):
 
 @patch
 def save_best(self:Trainer, epoch:int, val_acc:float):
-    "Rank 0 writes best.pt: the weights alone, with the epoch and the accuracy they reached."
+    "Rank 0 writes best.pt: the weights alone, with the epoch (from 1) and their accuracy."
     if not self.env.is_main: return
     best = dict(model=unwrap(self.model).state_dict(), epoch=epoch, val_acc=val_acc,
                 config=config_dict(self.cfg))
@@ -308,7 +315,7 @@ def fit(self:Trainer):
         secs = time.perf_counter() - t0
         self.seconds += secs
         peak = peak_memory_gb(env.device)
-        row = dict(epoch=epoch, train_loss=train['loss'], train_acc=train['acc'],
+        row = dict(epoch=epoch + 1, train_loss=train['loss'], train_acc=train['acc'],
                    val_loss=val['loss'], val_acc=val['acc'], val_count=val['count'],
                    lr=self.lrs[-1] if self.lrs else cfg.lr, seconds=round(secs, 3),
                    images_per_s=round((train['count'] - before) / train_secs, 1),
@@ -320,7 +327,7 @@ def fit(self:Trainer):
             # the whole history each time: a resumed run never duplicates a line
             text = ''.join(json.dumps(h) + '\n' for h in self.history)
             self._write('metrics.jsonl', lambda f: f.write(text.encode()))
-            if improved: self.save_best(epoch, val['acc'])
+            if improved: self.save_best(epoch + 1, val['acc'])
             print(f"epoch {epoch + 1}/{cfg.epoch}: train loss {train['loss']:.4f} "
                   f"acc {train['acc']:.4f} | val loss {val['loss']:.4f} acc {val['acc']:.4f} "
                   f"({val['count']} images) | {secs:.1f} s, {row['images_per_s']:.0f} train img/s, "
@@ -365,9 +372,24 @@ def check_bn_batch(model, cfg:Config, sizes:Sizes):
         f"few to train; use batch_size >= {need}, or freeze_bn: true (or sync_bn: true on GPUs)")
 
 # %% ../nbs/program/07_train.ipynb #93afcd06
+CUBLAS_DETERMINISTIC = ':4096:8'  # one of the two settings torch accepts as deterministic
+
+def deterministic_env(cfg:Config):
+    "With `deterministic`, set CUBLAS_WORKSPACE_CONFIG, read by CUDA only when it starts."
+    if not cfg.deterministic or os.environ.get('CUBLAS_WORKSPACE_CONFIG') in (':4096:8', ':16:8'):
+        return
+    if torch.cuda.is_available() and torch.cuda.is_initialized(): raise ConfigError(
+        "deterministic=true needs CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts, and it has "
+        "started in this process; set it in the environment before starting Python")
+    os.environ['CUBLAS_WORKSPACE_CONFIG'] = CUBLAS_DETERMINISTIC
+
 def set_kernel_flags(cfg:Config, device:torch.device):
-    "cuDNN's autotuner on CUDA: training shapes are fixed, so timing the algorithms once pays off."
-    torch.backends.cudnn.benchmark = cfg.cudnn_benchmark and device.type == 'cuda'
+    "cuDNN's autotuner on CUDA (fixed shapes: timing once pays off); or deterministic kernels."
+    deterministic_env(cfg)
+    torch.backends.cudnn.benchmark = (cfg.cudnn_benchmark and device.type == 'cuda'
+                                      and not cfg.deterministic)
+    torch.backends.cudnn.deterministic = cfg.deterministic
+    torch.use_deterministic_algorithms(cfg.deterministic)  # raises on an op that has no such kernel
 
 def ignore_stop_signals(worker_id:int=0):
     "In DataLoader workers: SIGTERM and SIGUSR1 are for the training process, which decides."
@@ -401,6 +423,14 @@ def build_trainer(cfg:Config, env:DistEnv, loaders:tuple|None=None) -> Trainer:
     return Trainer(cfg, env, model, bare, optimizer, scheduler, train_loader, test_loader, sizes)
 
 # %% ../nbs/program/07_train.ipynb #a53a9730
+_WHAT = {'metrics.jsonl': 'a line an epoch', 'curves.png': 'the figure',
+         'best.pt': "the best epoch's weights", 'snapshot.pt': 'what the same command resumes from'}
+
+def outputs_line(save_dir) -> str:
+    "One line: which of the run's files are in `save_dir`, and what each holds."
+    have = [f"{n} ({w})" for n, w in _WHAT.items() if (Path(save_dir)/n).is_file()]
+    return f"wrote into {save_dir}: " + ", ".join(have)
+
 def run_program(cfg:Config, env:DistEnv):
     "Train (resuming from save_dir/snapshot.pt if there is one) or, with eval_only, evaluate."
     world = describe_world(env)
@@ -421,6 +451,9 @@ def run_program(cfg:Config, env:DistEnv):
             print(f"resuming from {used}: {trainer.epochs_run} of {cfg.epoch} epochs done"
                   f"{into}{reseed}" + (f"; not from {snap.name}: {why}" if why else ""),
                   flush=True)
+            if trainer.epochs_run >= cfg.epoch: print(
+                f"nothing left to train: to train further, give more epochs (--epoch "
+                f"{cfg.epoch + 2}); to start over, --resume false", flush=True)
     elif env.is_main and snap.exists():
         print(f"resume=false: starting fresh; {snap} and its previous copy will be replaced",
               flush=True)
@@ -436,6 +469,7 @@ def run_program(cfg:Config, env:DistEnv):
         print(f"replicas in sync: max |parameter and buffer difference| over {env.world_size} "
               f"rank(s) = {drift:.3g}", flush=True)
     if cfg.plot: trainer.plot()
+    if env.is_main: print(outputs_line(cfg.save_dir), flush=True)
     return trainer
 
 # %% ../nbs/program/07_train.ipynb #f9d6228c
@@ -542,6 +576,7 @@ def main(argv=None):
     cfg, code, quiet = None, 0, False
     try:
         cfg = parse_cli(argv, prog='cifar_ddp_train')
+        deterministic_env(cfg)  # before setup starts CUDA
         check_paths(cfg)  # every path, on every rank, before any process waits on another
         env = setup(cfg.backend, cfg.timeout_s, cfg.device)
         run_program(cfg, env)

@@ -3,7 +3,7 @@ import argparse, time
 import torch, torch.nn as nn, torchvision
 from torch.utils.data import DataLoader, RandomSampler
 from torchvision import transforms as T
-from cifar_ddp_tut.data import SyntheticCIFAR10  # torchvision's CIFAR10, on generated files
+from cifar_ddp_tut.data import open_cifar10  # torchvision's CIFAR10, or generated files like it
 
 
 def parse_args():
@@ -22,7 +22,7 @@ def parse_args():
 def main(args):
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     tfm = T.Compose([T.ToTensor(), T.Normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))])
-    train_ds = SyntheticCIFAR10(args.data, train=True, transform=tfm)
+    train_ds = open_cifar10(args.data, train=True, transform=tfm)
     g = torch.Generator()
     loader = DataLoader(train_ds, batch_size=args.batch_size,
                         sampler=RandomSampler(train_ds, generator=g), drop_last=True)

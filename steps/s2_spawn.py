@@ -5,7 +5,7 @@ import torch.distributed as dist, torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 from torchvision import transforms as T
-from cifar_ddp_tut.data import SyntheticCIFAR10  # torchvision's CIFAR10, on generated files
+from cifar_ddp_tut.data import open_cifar10  # torchvision's CIFAR10, or generated files like it
 
 
 def parse_args():
@@ -30,7 +30,7 @@ def main(rank, world_size, args):
     if device.type == 'cuda': torch.cuda.set_device(device)  # this process's GPU, before NCCL
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     tfm = T.Compose([T.ToTensor(), T.Normalize((0.49, 0.48, 0.45), (0.25, 0.24, 0.26))])
-    train_ds = SyntheticCIFAR10(args.data, train=True, transform=tfm)
+    train_ds = open_cifar10(args.data, train=True, transform=tfm)
     sampler = DistributedSampler(train_ds, num_replicas=world_size, rank=rank, seed=args.seed)
     loader = DataLoader(train_ds, batch_size=args.batch_size // world_size,
                         sampler=sampler, drop_last=True)

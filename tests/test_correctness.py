@@ -35,7 +35,7 @@ def test_logged_validation_is_the_saved_models(small_run, tmp_path):
     assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in small_run.stdout, small_run.stdout
     hist = small_run.history
     best_epoch = torch.load(run/'best.pt', weights_only=True)['epoch']
-    for ckpt, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch])):
+    for ckpt, row in (('snapshot.pt', hist[-1]), ('best.pt', hist[best_epoch - 1])):
         ev = _eval(1, run/ckpt, tmp_path/f'eval_{ckpt}', data)
         print(f"{ckpt}: logged val acc {row['val_acc']:.6f} loss {row['val_loss']:.6f}; "
               f"1-process eval acc {ev['acc']:.6f} loss {ev['loss']:.6f}")
@@ -62,9 +62,9 @@ def _tiny_cfg(tmp_path, **kw):
 
 
 def test_resume_keeps_random_states_on_the_cpu(tmp_path, monkeypatch):
-    """On CUDA, loading a snapshot with map_location=cuda:LOCAL_RANK moved the RNG states onto the GPU and
-    set_rng_state crashed (`.numpy()` of a CUDA tensor). `meta` stands in for the accelerator: whatever the
-    trainer's device, the states handed to set_rng_state must be CPU tensors."""
+    """A snapshot loaded with map_location=cuda:LOCAL_RANK would carry the RNG states onto the GPU; the trainer reads
+    snapshots onto the CPU. Whatever the trainer's device (here `meta`, a device that is not the CPU), the states
+    handed to set_rng_state are CPU tensors."""
     cfg = _tiny_cfg(tmp_path)
     t = train.build_trainer(cfg, DistEnv())
     t.fit()

@@ -45,7 +45,7 @@ def test_mid_epoch_snapshots_resume(tmp_path):
     assert p2.returncode == 0, p2.stderr[-3000:]
     assert 'batches into the next' in p2.stdout, p2.stdout
     hist = read_metrics(tmp_path/'run')
-    assert [h['epoch'] for h in hist] == [0, 1] and hist[-1]['step'] == 2 * 10
+    assert [h['epoch'] for h in hist] == [1, 2] and hist[-1]['step'] == 2 * 10
 
 
 # Elastic restarts under torchrun (three kills in a row, no spare restarts) are in test_elastic.py.
@@ -83,7 +83,7 @@ def test_two_nodes_on_one_machine(tmp_path):
     assert 'node 0 local 0' in world and 'node 1 local 0' in world, world  # rank 1 is local rank 0 of the second node
     assert 'replicas in sync: max |parameter and buffer difference| over 2 rank(s) = 0' in main_out, main_out
     assert sum('epoch 2/2: train loss' in o for o in outs) == 1  # one main process in the whole job
-    assert [h['epoch'] for h in read_metrics(tmp_path/'run')] == [0, 1]
+    assert [h['epoch'] for h in read_metrics(tmp_path/'run')] == [1, 2]
 
 
 def test_crash_while_writing_keeps_previous_snapshot(tmp_path):

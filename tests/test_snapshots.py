@@ -1,6 +1,7 @@
 """Snapshots a run can trust, with real torchrun processes (issue 23). A damaged file is never loaded: a damaged latest
 snapshot falls back to the previous one, with one line; with none usable, one line, nothing trained, every file as it
-was; --eval_only refuses a damaged checkpoint. SIGTERM (to torchrun) or SIGUSR1 (to one rank only) stops every rank at
+was; --eval_only refuses a damaged checkpoint. SIGTERM (to torchrun), SIGUSR1 (to one rank, or to a torchrun given
+--signals-to-handle) stops every rank at
 the same step: rank 0 writes a mid-epoch snapshot, every process is gone within 30 s, one line says how to resume, and
 the same command resumes and ends with the parameters and history of an uninterrupted run, bit for bit."""
 import hashlib, os, re, shutil, signal, struct, time, zipfile
@@ -75,7 +76,7 @@ def _sigterm_in_first_epoch(args, log_dir, reference, what=''):
     """Start the run, SIGTERM torchrun about a third into epoch 1, and check that every process is gone within 30 s
     with one line: (torchrun's Popen, the program's stderr lines)."""
     p = start_torchrun(2, *args, log_dir=log_dir)
-    wait_for(lambda: 'epoch 1/2' in p.err_path.read_text() or p.poll() is not None, 300, 'training to start')
+    wait_for(lambda: 'steps per epoch' in p.out_path.read_text() or p.poll() is not None, 300, 'training to start')
     time.sleep(0.3 * reference['train_secs'])
     assert p.poll() is None, p.err_path.read_text()[-3000:]
     secs, lines = _stop(p, signal.SIGTERM, p.pid)
@@ -107,6 +108,25 @@ def test_sigterm_with_dataloader_workers(tmp_path, reference):
                                        ' with a DataLoader worker per rank')
     _, done = _stopped_at(lines[0], 'SIGTERM', 1)
     assert snapshot_value(run, 'batches_done') == done and 'killed by signal' not in p.err_path.read_text()
+
+
+# what README and the SLURM script give torchrun so that it passes SIGUSR1 on (by default SIGUSR1 ends torchrun)
+SIGNALS_TO_HANDLE = '--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1'
+
+
+def test_sigusr1_to_torchrun_with_signals_to_handle(tmp_path, reference):
+    """SIGUSR1 to torchrun started with README's --signals-to-handle: torchrun passes it on, every rank stops at the
+    same step, rank 0 writes a mid-epoch snapshot, one line, every process gone within 30 s."""
+    run, args = tmp_path/'run', _args(tmp_path/'run', reference['data'])
+    p = start_torchrun(2, *args, log_dir=tmp_path/'logs', launcher_args=(SIGNALS_TO_HANDLE,))
+    wait_for(lambda: snapshot_value(run) >= 1 or p.poll() is not None, 300, 'the first epoch-end snapshot')
+    time.sleep(0.3 * reference['train_secs'])
+    assert p.poll() is None, p.err_path.read_text()[-3000:]
+    secs, lines = _stop(p, signal.SIGUSR1, p.pid)
+    print(f"SIGUSR1 to torchrun: every process gone after {secs:.1f} s: {lines}")
+    assert secs < 30 and len(lines) == 1, p.err_path.read_text()[-3000:]
+    step, done = _stopped_at(lines[0], 'SIGUSR1', 2)
+    assert snapshot_value(run, 'step') == step and 0 < snapshot_value(run, 'batches_done') == done < STEPS
 
 
 def test_sigusr1_to_one_rank_then_damaged_latest_falls_back(tmp_path, reference):
