@@ -39,7 +39,7 @@ def test_elastic_restarts_every_time(tmp_path, small_run):
     assert out.count('resuming from') == KILLS, out
     assert 'could not join the process group' not in err
     hist = read_metrics(tmp_path/'run')
-    assert [h['epoch'] for h in hist] == list(range(EPOCHS))  # continuous: no epoch lost or repeated
+    assert [h['epoch'] for h in hist] == list(range(1, EPOCHS + 1))  # continuous: no epoch lost or repeated
     same_history(hist, reference)
 
 

@@ -88,7 +88,7 @@ def _continued(nodes, run, reference):
     out = nodes.out()
     assert out.count('resuming from') == 1, out
     hist = read_metrics(run)
-    assert [h['epoch'] for h in hist] == list(range(EPOCHS))
+    assert [h['epoch'] for h in hist] == list(range(1, EPOCHS + 1))
     same_history(hist, reference)
 
 
