@@ -513,8 +513,8 @@ def _peer_failure(e:BaseException) -> bool:
 def _report(e:BaseException, rank:int, local_rank:int, world_size:int) -> bool:
     "Print `e` as one line if this rank is the one to say it; whether it did."
     if isinstance(e, PeerFailed) and rank != 0: return False  # the failing rank speaks for itself
-    # paths and GPU lists can differ between nodes: each node's first process speaks
-    if isinstance(e, (PathError, DeviceError)):
+    # paths, GPU lists and config files can differ between nodes: each node's first process speaks
+    if isinstance(e, (PathError, DeviceError, ConfigError)):
         if local_rank != 0: return False
     elif isinstance(e, _SAME_ON_ALL_RANKS) and rank != 0: return False
     who = f"[rank {rank}] " if world_size > 1 and not isinstance(e, _SAME_ON_ALL_RANKS) else ""

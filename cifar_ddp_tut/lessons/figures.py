@@ -10,9 +10,9 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['listing_html', 'diff_html', 'show', 'plot_collectives', 'plot_ring', 'show_comparison', 'spread', 'plot_timeline',
            'plot_step_times', 'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table',
-           'timeline_table', 'plot_collective_timeline', 'plot_shard_grid', 'calibration_table', 'plot_calibration',
-           'buckets_table', 'check_table', 'fit_table', 'bucket_check_table', 'plot_predictions', 'what_if_table',
-           'memory_table', 'memory_arithmetic_table', 'hook_table']
+           'plot_shard_grid', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
+           'bucket_check_table', 'plot_predictions', 'what_if_table', 'memory_table', 'memory_arithmetic_table',
+           'hook_table']
 
 # %% ../../nbs/program/14_course_figures.ipynb #7673035a
 def listing_html(path) -> str:
@@ -274,37 +274,6 @@ def rank_table(res:list, *keys, total:str|None=None, cases=('wrong', 'fixed')):
 def _hw() -> str:
     from cifar_ddp_tut.dist import hardware
     return hardware()['label']
-
-def timeline_table(res:list):
-    "Each rank's collectives in each case of `demo_rank0_only_collective`: when, and how it ended."
-    for case in ('fixed', 'wrong'):
-        print(f"{case}: rank 0 logged {res[0][case]['log']!r}")
-        for r, x in enumerate(res):
-            for ev in x[case]['events']:
-                print(f"  rank {r}: {ev['name']:<10} {ev['start']:5.2f} -> {ev['end']:5.2f} s  "
-                      f"{ev['outcome']}")
-
-def plot_collective_timeline(res:list, timeout_s:float):
-    "Bars: when each rank was in each collective, fixed (ms) and wrong (s); x marks a timeout."
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 2.4), gridspec_kw=dict(width_ratios=[1, 3]))
-    colors = dict(all_reduce='C0', barrier='C1')
-    for ax, case, unit, scale in zip(axes, ('fixed', 'wrong'), ('milliseconds', 'seconds'),
-                                     (1000, 1)):
-        for r, x in enumerate(res):
-            for ev in x[case]['events']:
-                ax.barh(r, (ev['end'] - ev['start']) * scale, left=ev['start'] * scale,
-                        color=colors[ev['name']], height=0.5)
-                if ev['outcome'] != 'ok': ax.plot(ev['end'] * scale, r, 'rx', ms=12, mew=3)
-        ax.set_yticks(range(len(res)), [f'rank {r}' for r in range(len(res))])
-        ax.invert_yaxis(); ax.set_xlabel(unit); ax.set_xlim(left=0)
-    axes[0].set_title('fixed: every rank reduces')
-    axes[1].set_title(f'wrong: only rank 0 reduces (x: timed out after {timeout_s:g} s)')
-    axes[1].axvline(timeout_s, color='r', ls='--', lw=1)
-    axes[1].legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()],
-                   labels=list(colors), loc='center left', bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    fig.suptitle(f"gloo, {len(res)} processes on {_hw()}", fontsize=9)
-    plt.tight_layout(); plt.show()
 
 # %% ../../nbs/program/14_course_figures.ipynb #f1e57191
 def plot_shard_grid(res:list, n:int=12):
