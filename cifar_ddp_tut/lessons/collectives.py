@@ -78,7 +78,7 @@ def when_it_returns(env, delay_s:float=1.0) -> dict:
         t0 = time.perf_counter()
         work = dist.all_reduce(t, async_op=mode != 'plain')
         t1 = time.perf_counter()
-        done = work is None or work.is_completed()   # complete when the call returned?
+        done = None if work is None else work.is_completed()  # complete at return? (no handle: n/a)
         if work is not None: work.wait()
         out[mode] = dict(call_s=t1 - t0, wait_s=None if work is None else time.perf_counter() - t1,
                          done=done, result=t.item())
