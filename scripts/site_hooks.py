@@ -28,6 +28,9 @@ UNDER_THE_HOOD = 'Under the hood:'      # a heading starting so opens a part the
 # sections outrank pages whose titles share a word by prefix ("use" of "user"); checked by
 # tests/test_site_browser.py against every message of README's atlas table
 SEARCH_BOOST = {'course/08_error_atlas.ipynb': 20}
+# the package's API and source pages below the lessons: their short headings ("no_sync") would
+# otherwise outrank the notebook that teaches the name
+REFERENCE_BOOST = 0.1
 
 _scratch = None   # the folder the site is built from
 _css = []         # the notebooks' style sheets, written once to assets/notebook.css
@@ -283,6 +286,7 @@ def on_config(config, **kwargs):
     nav.append({"The package's source": source_nav})
     (_scratch / 'assets').mkdir(exist_ok=True)
     shutil.copy(HERE / 'site.css', _scratch / 'assets' / 'site.css')
+    shutil.copy(HERE / 'site_search.js', _scratch / 'assets' / 'site_search.js')  # site_theme/main.html
     config['nav'] = nav
     config['docs_dir'] = str(_scratch)
     config.extra['questions'], config.extra['titles'] = meta, titles
@@ -295,6 +299,8 @@ def on_page_markdown(markdown, page, config, **kwargs):
     q = config.extra['questions'].get(page.file.src_uri)
     if q: page.meta['subtitle'] = q
     if page.file.src_uri in SEARCH_BOOST: page.meta['search'] = {'boost': SEARCH_BOOST[page.file.src_uri]}
+    if page.file.src_uri.startswith((API_DIR + '/', SOURCE_DIR + '/')):
+        page.meta['search'] = {'boost': REFERENCE_BOOST}
     return markdown
 
 
