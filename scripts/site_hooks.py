@@ -420,7 +420,7 @@ def on_page_content(content, page, config, files, **kwargs):
     content = re.sub(r'(href=)"([^"]*)"', link, content)
     content = collapse_under_the_hood(content)
     content = link_torch_docs(content, torch_docs())
-    h1 = content.find('</h1>')
+    h1 = content.find('</h1>') if '/' in page.file.src_uri else -1   # the home page: README's text
     if h1 >= 0: content = content[:h1 + 5] + notebook_links(page, config) + content[h1 + 5:]
     return content
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from test_site import BASE, NBS, ROOT, build_site
+from test_site import BASE, NBS, ROOT, built_site
 
 pytestmark = pytest.mark.slow
 FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
@@ -35,8 +35,8 @@ def chromium():
 @pytest.fixture(scope='module')
 def served(tmp_path_factory):
     "The site served on 127.0.0.1 under its base path: (the site's folder, its address)."
-    www = tmp_path_factory.mktemp('www')
-    site = build_site(www)
+    site = built_site(tmp_path_factory)   # built once a session, with tests/test_site.py
+    www = site.parent
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *a): pass
     handler = functools.partial(Quiet, directory=str(www))
