@@ -20,6 +20,17 @@ NBS = ROOT / 'nbs'
 PKG = ROOT / 'cifar_ddp_tut'
 SECTIONS = {'course': 'The DDP course', 'program': 'The program'}
 SOURCE_DIR = 'source'  # where the package's source pages go in the site
+API_DIR = 'api'        # where the package's API pages (mkdocstrings) go in the site
+HERE = Path(__file__).resolve().parent
+TORCH_DOCS = HERE / 'torch_docs.json'   # the one map: a torch name as the notebooks write it -> its docs
+UNDER_THE_HOOD = 'Under the hood:'      # a heading starting so opens a part the site collapses
+# pages a search for an error message should find first: the atlas answers messages, so its
+# sections outrank pages whose titles share a word by prefix ("use" of "user"); checked by
+# tests/test_site_browser.py against every message of README's atlas table
+SEARCH_BOOST = {'course/08_error_atlas.ipynb': 20}
+# the package's API and source pages below the lessons: their short headings ("no_sync") would
+# otherwise outrank the notebook that teaches the name
+REFERENCE_BOOST = 0.1
 
 _scratch = None   # the folder the site is built from
 _css = []         # the notebooks' style sheets, written once to assets/notebook.css
@@ -125,6 +136,58 @@ def _link_notebook_names(md, here, known):
     return re.sub(r'(?<!\[)(`(?:nbs/)?((?:course|program)/\d+_\w+)(?:\.ipynb)?`)(?!\])', sub, md)
 
 
+_TQDM = re.compile(r'\d+%\|[^|\n]*\|\s*\d+/\d+|\r')
+
+
+def progress_bar(out):
+    "A progress bar saved as an output (tqdm on stderr, a widget): noise on a page."
+    if 'application/vnd.jupyter.widget-view+json' in out.get('data', {}): return True
+    text = out.get('text', '')
+    text = ''.join(text) if isinstance(text, list) else text
+    return out.get('output_type') == 'stream' and out.get('name') == 'stderr' and bool(_TQDM.search(text))
+
+
+_MD_HEADING = re.compile(r'^(#{1,6})\s+(.*?)\s*#*\s*$')
+
+
+def _heading_chunks(md):
+    "A markdown cell's text cut before each heading line (not inside a ``` fence)."
+    chunks, cur, fence = [], [], False
+    for line in md.splitlines(keepends=True):
+        if line.lstrip().startswith('```'): fence = not fence
+        if not fence and _MD_HEADING.match(line) and cur:
+            chunks.append(''.join(cur)); cur = []
+        cur.append(line)
+    if cur: chunks.append(''.join(cur))
+    return chunks
+
+
+CLOSE_MARK = '<div class="uth-close"></div>'
+
+
+def mark_under_the_hood(cells):
+    """Cells with each "Under the hood:" part starting a cell of its own and closed by a marker cell
+    before the next heading of the same or a higher level (or at the end): the page turns each part
+    into a `<details>` (`collapse_under_the_hood`)."""
+    if not any(c['cell_type'] == 'markdown' and re.search(r'^#{1,6}\s+' + UNDER_THE_HOOD,
+               ''.join(c['source']), re.M) for c in cells):
+        return cells
+    out, level = [], None
+    def close(cid):
+        out.append({'cell_type': 'markdown', 'id': f'{cid}-uth-end', 'metadata': {}, 'source': CLOSE_MARK})
+    for cell in cells:
+        if cell['cell_type'] != 'markdown':
+            out.append(cell); continue
+        for k, chunk in enumerate(_heading_chunks(''.join(cell['source']))):
+            m = _MD_HEADING.match(chunk.splitlines()[0]) if chunk.strip() else None
+            if m and level is not None and len(m.group(1)) <= level:
+                close(cell.get('id', 'c')); level = None
+            if m and level is None and m.group(2).startswith(UNDER_THE_HOOD): level = len(m.group(1))
+            out.append(dict(cell, id=f"{cell.get('id', 'c')}-{k}" if k else cell.get('id'), source=chunk))
+    if level is not None: close('last')
+    return out
+
+
 def prepare(nb, rel, known):
     "The notebook as its page shows it; `rel` is its path under nbs/, `known` every such path."
     cells = []
@@ -133,10 +196,13 @@ def prepare(nb, rel, known):
         if cell['cell_type'] == 'code':
             cell = _code_cell(cell)
             if cell is None: continue
+            if cell.get('outputs'):
+                cell['outputs'] = [o for o in cell['outputs'] if not progress_bar(o)]
         elif cell['cell_type'] == 'markdown':
             md = _link_notebook_names(_math(''.join(cell['source'])), rel, known)
             cell = dict(cell, source=md)
         cells.append(cell)
+    cells = mark_under_the_hood(cells)
     module = _exported_module(nb)
     if module and cells:
         href = Path(*['..'] * len(rel.parent.parts), SOURCE_DIR, PKG.name, module + '.md').as_posix()
@@ -158,6 +224,13 @@ def source_page(py, rel_to_pkg):
                 'read and edit the notebook, not this file.\n\n')
     fence = '`' * max(3, 1 + max((len(r) for r in re.findall(r'`+', text)), default=0))
     return f'# {PKG.name}/{rel_to_pkg}\n\n{back}{fence}python linenums="1"\n{text}\n{fence}\n'
+
+
+def api_page(dotted, rel_to_pkg):
+    "A module's API page: mkdocstrings renders its public names' signatures and docstrings."
+    src = Path('..', *['..'] * rel_to_pkg.count('/'), SOURCE_DIR, PKG.name, rel_to_pkg + '.md').as_posix()
+    return (f'# {dotted}\n\nSignatures and docstrings of the names `{dotted}` exports '
+            f'(its `__all__`); the code: [{PKG.name}/{rel_to_pkg}]({src}).\n\n::: {dotted}\n')
 
 
 def modules():
@@ -201,11 +274,23 @@ def on_config(config, **kwargs):
         (_scratch / page).parent.mkdir(parents=True, exist_ok=True)
         (_scratch / page).write_text(source_page(PKG / m, m), encoding='utf-8')
         source_nav.append({m: page.as_posix()})
+    api_nav = []
+    for m in modules():
+        if m == '__init__.py': continue
+        dotted = f"{PKG.name}.{m[:-3].replace('/', '.')}"
+        page = Path(API_DIR, m[:-3] + '.md')
+        (_scratch / page).parent.mkdir(parents=True, exist_ok=True)
+        (_scratch / page).write_text(api_page(dotted, m), encoding='utf-8')
+        api_nav.append({dotted: page.as_posix()})
+    nav.append({"The package's API": api_nav})
     nav.append({"The package's source": source_nav})
+    (_scratch / 'assets').mkdir(exist_ok=True)
+    shutil.copy(HERE / 'site.css', _scratch / 'assets' / 'site.css')
+    shutil.copy(HERE / 'site_search.js', _scratch / 'assets' / 'site_search.js')  # site_theme/main.html
     config['nav'] = nav
     config['docs_dir'] = str(_scratch)
     config.extra['questions'], config.extra['titles'] = meta, titles
-    config['extra_css'] = ['assets/notebook.css'] + list(config.get('extra_css', []))
+    config['extra_css'] = ['assets/notebook.css', 'assets/site.css'] + list(config.get('extra_css', []))
     return config
 
 
@@ -213,6 +298,9 @@ def on_page_markdown(markdown, page, config, **kwargs):
     "The question a notebook answers, shown under its title in the sidebar."
     q = config.extra['questions'].get(page.file.src_uri)
     if q: page.meta['subtitle'] = q
+    if page.file.src_uri in SEARCH_BOOST: page.meta['search'] = {'boost': SEARCH_BOOST[page.file.src_uri]}
+    if page.file.src_uri.startswith((API_DIR + '/', SOURCE_DIR + '/')):
+        page.meta['search'] = {'boost': REFERENCE_BOOST}
     return markdown
 
 
@@ -247,6 +335,65 @@ def _headings_and_toc(content):
     return _HEADING.sub(heading, content), get_toc(tokens)
 
 
+_CELL = re.compile(r'<div class="jp-Cell [^"]*"[^>]*>')
+_FIRST_HEADING = re.compile(r'<h([1-6])\b[^>]*>.*?</h\1>', re.S)
+
+
+def collapse_under_the_hood(content):
+    """Each "Under the hood:" part (marked by `mark_under_the_hood`) as a closed `<details>` whose
+    summary is its heading: a reader who skips it keeps the thread, one click opens it."""
+    if 'uth-close' not in content and UNDER_THE_HOOD not in content: return content
+    starts = [m.start() for m in _CELL.finditer(content)]
+    if not starts: return content
+    out, prev = [content[:starts[0]]], starts[0]
+    bounds = starts[1:] + [len(content)]
+    for a, b in zip(starts, bounds):
+        cell = content[a:b]
+        if CLOSE_MARK in cell:
+            out.append('</details>\n')
+        else:
+            h = _FIRST_HEADING.search(cell)
+            text = re.sub(r'<[^>]+>', '', h.group(0)).strip() if h else ''
+            if h and text.startswith(UNDER_THE_HOOD) and not cell[:h.start()].count('<p'):
+                out.append(f'<details class="under-the-hood"><summary>{h.group(0)}</summary>\n')
+                cell = cell[:h.start()] + cell[h.end():]
+        out.append(cell)
+    return ''.join(out)
+
+
+def torch_docs():
+    "The map from a torch name, as the notebooks write it in `code`, to its page in PyTorch's docs."
+    return json.loads(TORCH_DOCS.read_text(encoding='utf-8'))
+
+
+def link_torch_docs(content, docs):
+    """The first mention of each torch name of `docs` in a page's prose (`<code>name</code>` outside
+    headings, links and code cells) linked to PyTorch's documentation."""
+    seen = set()
+    def sub(m):
+        name = html.unescape(m.group(1))
+        url = docs.get(name)
+        if not url or url in seen: return m.group(0)
+        before = content[:m.start()]
+        if before.rfind('<a ') > before.rfind('</a>'): return m.group(0)       # inside a link
+        if re.search(r'<h[1-6][^>]*>(?:(?!</h[1-6]>).)*$', before[-800:], re.S): return m.group(0)
+        if before.rfind('<pre') > before.rfind('</pre>'): return m.group(0)     # inside code
+        seen.add(url)
+        return f'<a class="torch-doc" href="{url}" title="PyTorch documentation">{m.group(0)}</a>'
+    return re.sub(r'<code>([^<]{1,80})</code>', sub, content)
+
+
+def notebook_links(page, config):
+    "The download of the notebook and its page in the repository, under the page's title."
+    rel = page.file.src_uri
+    name = Path(rel).name
+    repo = config.get('repo_url')
+    view = (f' · <a href="{repo.rstrip("/")}/blob/{config.extra.get("branch", "main")}/nbs/{rel}">'
+            'View it in the repository</a>') if repo else ''
+    return (f'<p class="nb-links"><a href="{name}" download="{name}">Download this notebook '
+            f'(<code>{name}</code>)</a>{view}</p>\n')
+
+
 def on_page_content(content, page, config, files, **kwargs):
     "Notebook pages: links to notebooks lead to their pages; style sheets shared; no remote scripts."
     if not page.file.src_uri.endswith('.ipynb'): return content
@@ -270,17 +417,23 @@ def on_page_content(content, page, config, files, **kwargs):
         stem, dot, ext = path.rpartition('.')
         if ext not in ('ipynb', 'md'): return m.group(0)
         return f'{m.group(1)}"{stem}.html{"#" + frag if frag else ""}"'
-    return re.sub(r'(href=)"([^"]*)"', link, content)
+    content = re.sub(r'(href=)"([^"]*)"', link, content)
+    content = collapse_under_the_hood(content)
+    content = link_torch_docs(content, torch_docs())
+    h1 = content.find('</h1>') if '/' in page.file.src_uri else -1   # the home page: README's text
+    if h1 >= 0: content = content[:h1 + 5] + notebook_links(page, config) + content[h1 + 5:]
+    return content
 
 
 def on_post_build(config, **kwargs):
     out = Path(config['site_dir']) / 'assets' / 'notebook.css'
     out.parent.mkdir(parents=True, exist_ok=True)
-    # a formula wider than a phone's screen scrolls instead of being cut off
-    # and a wide screen shows a notebook's 100-character lines without scrolling
-    site_css = ('math[display="block"] { overflow-x: auto; max-width: 100%; }\n'
-                '.md-grid { max-width: 76rem; }')
-    out.write_text('\n'.join(_css + [site_css]), encoding='utf-8')
+    out.write_text('\n'.join(_css), encoding='utf-8')   # the site's own rules: scripts/site.css
+    # each page's "Download this notebook": the notebook as saved, hidden cells and all
+    for nb in notebooks():
+        rel = nb.relative_to(NBS)
+        (Path(config['site_dir']) / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(nb, Path(config['site_dir']) / rel)
 
 
 def on_shutdown(**kwargs):

@@ -1,6 +1,8 @@
 """The course as a website: `mkdocs build` (mkdocs.yml, scripts/site_hooks.py) builds it from the saved
 notebooks, and a reader finds every notebook in the sidebar in reading order with its question, its
-saved figures, links that lead somewhere, and the error atlas through the search box."""
+saved figures, links that lead somewhere under the address it is published at, and the error atlas
+through the search box. The browser's view of the same build (nothing cut off, the atlas first in
+the search box) is in tests/test_site_browser.py."""
 import html
 import json
 import re
@@ -15,7 +17,18 @@ from cifar_ddp_tut.launch import run_process
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / 'nbs'
-pytestmark = pytest.mark.slow  # about a minute on 2 busy cores: one build for the whole module
+BASE = '/cifar_ddp_tut/'   # where GitHub Pages serves the site: settings.ini's doc_baseurl
+
+
+def build_site(www: Path) -> Path:
+    "The site built into `www` + BASE, as GitHub Pages serves it: the folder of the site."
+    out = www / BASE.strip('/')
+    t0 = time.monotonic()
+    p = run_process([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', out], 600,
+                    cwd=ROOT, env={**__import__('os').environ, 'NO_MKDOCS_2_WARNING': '1'})
+    print(f"mkdocs build: {time.monotonic() - t0:.0f} s")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    return out
 
 
 def notebooks():
@@ -59,16 +72,19 @@ class Page(HTMLParser):
         if self._in_title: self.title += data
 
 
+_BUILT = {}
+
+
+def built_site(tmp_path_factory) -> Path:
+    "The site, built once a test session (this module and test_site_browser.py share it)."
+    if 'site' not in _BUILT: _BUILT['site'] = build_site(tmp_path_factory.mktemp('www'))
+    return _BUILT['site']
+
+
 @pytest.fixture(scope='module')
 def site(tmp_path_factory):
-    "The site, built once for this module from the notebooks as they are saved."
-    out = tmp_path_factory.mktemp('site') / '_site'
-    t0 = time.monotonic()
-    p = run_process([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', out], 600,
-                    cwd=ROOT, env={**__import__('os').environ, 'NO_MKDOCS_2_WARNING': '1'})
-    print(f"mkdocs build: {time.monotonic() - t0:.0f} s")
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
-    return out
+    "The site, built from the notebooks as they are saved."
+    return built_site(tmp_path_factory)
 
 
 @pytest.fixture(scope='module')
@@ -77,6 +93,7 @@ def pages(site):
             for p in site.rglob('*.html')}
 
 
+@pytest.mark.slow
 def test_every_notebook_has_a_page_in_the_sidebar_in_reading_order(site, pages):
     expected = [page_of(nb) for nb in notebooks()]
     for nb in notebooks():
@@ -87,10 +104,11 @@ def test_every_notebook_has_a_page_in_the_sidebar_in_reading_order(site, pages):
         assert title in pages[page_of(nb)].title, (page_of(nb), pages[page_of(nb)].title)
     # the left sidebar, as it is on the home page: every notebook in reading order
     nav = list(dict.fromkeys(u for u in pages['index.html'].nav if u.endswith('.html')))
-    nav = [u for u in nav if not u.startswith('source/')]
+    nav = [u for u in nav if not u.startswith(('source/', 'api/'))]
     assert nav == expected
 
 
+@pytest.mark.slow
 def test_the_sidebar_shows_the_question_each_notebook_answers(site):
     index = (site / 'index.html').read_text(encoding='utf-8')
     sidebar = index[index.index('md-nav--primary'):]
@@ -107,14 +125,19 @@ def _resolve(site, page, url):
     parts = urlsplit(url)
     if parts.scheme or parts.netloc or url.startswith(('mailto:', 'javascript:')): return None
     path = unquote(parts.path)
-    # 404.html links from the root of the site, the one page that can be shown at any address
-    base = site if path.startswith('/') else (site / page).parent
-    target = base / path.lstrip('/') if path else site / page
+    # 404.html links from the site's address (site_url), the one page shown at any address
+    if path.startswith('/'):
+        if not path.startswith(BASE): return Path('/outside-the-site' + path), parts.fragment
+        base, path = site, path[len(BASE):]
+    else:
+        base = (site / page).parent
+    target = base / path if path else site / page
     target = target.resolve()
     if target.is_dir(): target = target / 'index.html'
     return target, parts.fragment
 
 
+@pytest.mark.slow
 def test_no_internal_link_is_broken(site, pages):
     broken, checked = [], 0
     for page, parsed in pages.items():
@@ -139,6 +162,7 @@ def test_no_internal_link_is_broken(site, pages):
     assert checked > 1000 and not broken, '\n'.join(broken[:40])
 
 
+@pytest.mark.slow
 def test_the_site_needs_nothing_from_the_internet(site, pages):
     "Scripts, style sheets, fonts and images all come from the site itself."
     remote = []
@@ -165,6 +189,7 @@ def _figures(nb: Path):
             if png: yield re.sub(r'\s', '', ''.join(png) if isinstance(png, list) else png)
 
 
+@pytest.mark.slow
 def test_every_saved_figure_is_an_image_on_its_page(pages):
     total = 0
     for nb in notebooks():
@@ -191,6 +216,7 @@ def search(index, query):
     return [loc for _, loc in sorted(hits)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('message', [
     'Expected to mark a variable ready only once',
     'Default process group has not been initialized',
@@ -205,6 +231,7 @@ def test_searching_an_error_message_finds_the_atlas(site, message):
     assert message.lower() in html.unescape(section['title'] + section['text']).lower()
 
 
+@pytest.mark.slow
 def test_nbdev_docs_sidebar_has_the_same_order():
     """`nbdev_docs` (with Quarto) writes nbs/sidebar.yml from the same files: checked without
     Quarto by asking nbdev for the sidebar it would write."""
@@ -213,3 +240,204 @@ def test_nbdev_docs_sidebar_has_the_same_order():
     assert p.returncode == 0, p.stderr[-3000:]
     listed = re.findall(r'^\s*- (\S+\.ipynb)\s*$', p.stdout, re.M)
     assert listed == [nb.relative_to(NBS).as_posix() for nb in notebooks()], p.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# One home page, one README
+
+
+def _hooks():
+    sys.path.insert(0, str(ROOT / 'scripts'))
+    import site_hooks
+    return site_hooks
+
+
+def test_readme_is_the_index_notebook():
+    "README.md is what `python scripts/make_readme.py` writes from nbs/index.ipynb, the site's home."
+    p = run_process([sys.executable, 'scripts/make_readme.py', '--check'], 120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-4000:]
+    # what README has always held is in the home page too
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+    for heading in ('## The fast recipe and the benchmark', '## Resume, restart, evaluate, scale out',
+                    '## When something goes wrong: the error atlas', '## Tests'):
+        assert heading in readme
+    assert '`device: [0, 1, 2, 3]` selects the GPUs' in readme
+
+
+def test_readme_first_screen_gets_a_newcomer_running():
+    "Before any table: what this is, then clone, install (its size, torch's CPU build), run, the course."
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+    first = readme[:readme.index('\n|')]            # everything before the first table
+    assert first.count('\n') < 60, "the first screen runs past 60 lines"
+    steps = ['git clone ', '&& cd cifar_ddp_tut', 'pip install -e ".[dev]"', 'GB',
+             'download.pytorch.org/whl/cpu', 'not tried here',
+             'torchrun --standalone --nproc_per_node=2 -m cifar_ddp_tut.train --cfg config/cpu_quickstart.yaml',
+             'jupyter lab nbs', 'course/01_first_ddp']
+    at = [first.find(s) for s in steps]
+    assert all(i >= 0 for i in at), [s for s, i in zip(steps, at) if i < 0]
+    assert first.index('> Learn PyTorch') < at[0], "one line on what this is comes first"
+    assert at[0] < at[2] < at[6] < at[7], "clone, install, run, then the course"
+
+
+def test_run_notebooks_writes_the_same_times_into_readme_and_index(tmp_path, monkeypatch):
+    "The Run All times go into both files alike, so README stays what the index makes."
+    import importlib.util, shutil
+    spec = importlib.util.spec_from_file_location('run_notebooks', ROOT / 'tests' / 'run_notebooks.py')
+    rn = importlib.util.module_from_spec(spec); spec.loader.exec_module(rn)
+    (tmp_path / 'nbs').mkdir()
+    shutil.copy(NBS / 'index.ipynb', tmp_path / 'nbs' / 'index.ipynb')
+    shutil.copy(ROOT / 'README.md', tmp_path / 'README.md')
+    monkeypatch.setattr(rn, 'NBS', tmp_path / 'nbs'); monkeypatch.setattr(rn, 'ROOT', tmp_path)
+    rn.record({'course/03_inside_ddp': 4321.0})
+    mr = _make_readme()
+    text = mr.readme(json.loads((tmp_path / 'nbs' / 'index.ipynb').read_text(encoding='utf-8')))
+    assert text == (tmp_path / 'README.md').read_text(encoding='utf-8')
+    assert '| `course/03_inside_ddp` |' in text and rn.fmt(4321.0) in text
+
+
+def _make_readme():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('make_readme', ROOT / 'scripts' / 'make_readme.py')
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# What the hooks do to a notebook: "Under the hood:" parts, progress bars
+
+
+def _fixture_notebook():
+    "A small notebook with two 'Under the hood:' parts, one at the end, and a saved progress bar."
+    import nbformat.v4 as v4
+    md, code = v4.new_markdown_cell, v4.new_code_cell
+    cells = [
+        md('# Fixture\n\n> What does the site do with an "Under the hood" part?'),
+        md('## 1. Buckets\n\nThe rule: keep reading.\n\n#### Under the hood: how the Reducer orders '
+           'buckets\n\nPrivate names here.'),
+        code('x = 1', outputs=[v4.new_output('stream', name='stderr',
+                                              text='\r 40%|####      | 2/5 [00:01<00:01, 2.0it/s]'),
+                                v4.new_output('stream', name='stdout', text='kept\n')]),
+        md('##### a deeper heading inside the part\n\nstill inside'),
+        md('#### Back in the thread\n\nOutside again.'),
+        md('## 2. Last\n\n### Under the hood: the end\n\nRuns to the end of the notebook.'),
+        code('y = 2'),
+    ]
+    for i, c in enumerate(cells): c['id'] = f'c{i}'
+    return v4.new_notebook(cells=cells)
+
+
+def test_under_the_hood_parts_are_collapsed_and_progress_bars_left_out(tmp_path):
+    import os
+    from mkdocs_jupyter.nbconvert2 import nb2html
+    h = _hooks()
+    nb = h.prepare(json.loads(json.dumps(_fixture_notebook())), Path('course/x.ipynb'), set())
+    outs = [o for c in nb['cells'] for o in c.get('outputs', [])]
+    assert [o['text'] for o in outs] == ['kept\n'], "the progress bar is left out, the print kept"
+    path = tmp_path / 'x.ipynb'
+    path.write_text(json.dumps(nb), encoding='utf-8')
+    page = h.collapse_under_the_hood(nb2html(str(path), no_prompt=True))
+    parts = re.findall(r'<details class="under-the-hood">(.*?)</details>', page, re.S)
+    assert len(parts) == 2, page
+    first, last = parts
+    assert re.search(r'<summary><h4[^>]*>Under the hood: how the Reducer orders buckets', first)
+    assert 'Private names here.' in first and 'kept' in first and 'still inside' in first
+    assert 'Back in the thread' not in first and 'Outside again' in page.split('</details>')[1]
+    assert 'The rule: keep reading.' not in first                    # the section's rule stays open
+    assert re.search(r'<summary><h3[^>]*>Under the hood: the end', last) and 'Runs to the end' in last
+    assert page.count('<details') == page.count('</details>') == 2
+
+
+def test_a_notebook_without_under_the_hood_is_unchanged():
+    h = _hooks()
+    nb = json.loads((NBS / 'course' / '01_first_ddp.ipynb').read_text(encoding='utf-8'))
+    if any('Under the hood:' in ''.join(c['source']) for c in nb['cells']): pytest.skip('uses it')
+    cells = [c for c in nb['cells'] if not h._hidden(c)]
+    assert len(h.prepare(nb, Path('course/01_first_ddp.ipynb'), set())['cells']) <= len(cells) + 1
+
+
+def test_torch_docs_map_links_first_mentions_only():
+    h = _hooks()
+    docs = h.torch_docs()
+    assert docs and all(u.startswith('https://docs.pytorch.org/docs/stable/') for u in docs.values())
+    page = ('<h2 id="a">Why <code>DDP</code></h2><p>Use <code>DDP</code> and <code>DDP</code>, '
+            '<a href="x"><code>torchrun</code></a>, then <code>torchrun</code>.</p>'
+            '<pre><code>all_reduce</code></pre><p><code>all_reduce</code></p>')
+    out = h.link_torch_docs(page, docs)
+    assert out.count('class="torch-doc"') == 3
+    assert '<h2 id="a">Why <code>DDP</code></h2>' in out                   # not in a heading
+    assert out.count(docs['DDP']) == 1 and out.count(docs['torchrun']) == 1
+    assert '<pre><code>all_reduce</code></pre>' in out
+
+
+# ---------------------------------------------------------------------------------------------
+# The built site: published address, conveniences
+
+
+@pytest.mark.slow
+def test_published_under_its_base_path(site):
+    import configparser
+    ini = configparser.ConfigParser(); ini.read(ROOT / 'settings.ini')
+    url = ini['DEFAULT']['doc_host'] + ini['DEFAULT']['doc_baseurl'] + '/'
+    assert url.endswith(BASE)
+    sitemap = (site / 'sitemap.xml').read_text(encoding='utf-8')
+    locs = re.findall(r'<loc>(.*?)</loc>', sitemap)
+    assert len(locs) >= len(notebooks()) and all(l.startswith(url) for l in locs), locs[:3]
+    # the 404 page is shown at any address: its links start from the base path
+    hrefs = Page((site / '404.html').read_text(encoding='utf-8')).urls
+    assert any(u.startswith(BASE + 'assets/') for u in hrefs), hrefs[:10]
+
+
+@pytest.mark.slow
+def test_each_notebook_page_offers_its_download_and_repository(site, pages):
+    for nb in notebooks()[1:]:   # the home page is README's text
+        text = (site / page_of(nb)).read_text(encoding='utf-8')
+        m = re.search(r'<a href="([^"]+\.ipynb)" download=', text)
+        assert m, f"{page_of(nb)}: no download link"
+        got = (site / page_of(nb)).parent / m.group(1)
+        assert got.read_bytes() == nb.read_bytes(), f"{page_of(nb)}: the download is not the notebook"
+        assert f'blob/main/nbs/{nb.relative_to(NBS).as_posix()}' in text
+
+
+@pytest.mark.slow
+def test_torch_apis_link_to_pytorch_docs(site):
+    text = (site / 'course/03_inside_ddp.html').read_text(encoding='utf-8')
+    links = re.findall(r'class="torch-doc" href="([^"]+)"', text)
+    assert links and len(links) == len(set(links)), "each page links a torch API once"
+    assert any('DistributedDataParallel' in u for u in links)
+
+
+@pytest.mark.slow
+def test_api_pages_show_signatures_and_docstrings(site):
+    h = _hooks()
+    for m in h.modules():
+        if m == '__init__.py': continue
+        assert (site / 'api' / (m[:-3] + '.html')).exists(), m
+    text = (site / 'api/config.html').read_text(encoding='utf-8')
+    assert 'id="cifar_ddp_tut.config.load_config"' in text
+    assert 'doc-signature' in text and 'Config' in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Published by CI
+
+
+def _tool(name):
+    import shutil
+    exe = shutil.which(name) or str(Path(sys.executable).parent / name)
+    if not Path(exe).exists(): pytest.fail(f"{name} is missing: pip install -e '.[dev]' brings it")
+    return exe
+
+
+def test_the_workflows_pass_the_linters():
+    "The GitHub workflows against GitHub's workflow schema, and zizmor's audits (offline)."
+    wfs = sorted((ROOT / '.github' / 'workflows').glob('*.yml'))
+    assert {p.name for p in wfs} >= {'test.yml', 'pages.yml'}
+    p = run_process([_tool('check-jsonschema'), '--builtin-schema', 'vendor.github-workflows',
+                     *map(str, wfs)], 120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    p = run_process([_tool('zizmor'), '--offline', '--no-progress', *map(str, wfs)], 120, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    test = (ROOT / '.github/workflows/test.yml').read_text(encoding='utf-8')
+    assert 'bash .ci/run' in test, "CI where the project is hosted runs what .ci/run runs"
+    pages_wf = (ROOT / '.github/workflows/pages.yml').read_text(encoding='utf-8')
+    assert 'mkdocs build' in pages_wf and 'actions/deploy-pages' in pages_wf
