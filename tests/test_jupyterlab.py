@@ -70,7 +70,7 @@ def _opened_modified(page, port: int, name: str) -> bool:
 
 @pytest.mark.slow
 def test_jupyterlab_opens_a_saved_notebook_without_modifying_it(tmp_path):
-    playwright = pytest.importorskip('playwright.sync_api', reason='pip install playwright (in .[dev])')
+    import playwright.sync_api as playwright   # in .[dev]
     assert Path(CHROMIUM).exists(), 'apt-get install chromium (.ci/run installs it)'
     src = ROOT / 'nbs' / 'course' / '04_shards_and_metrics.ipynb'
     saved = json.loads(src.read_text(encoding='utf-8'))
