@@ -17,3 +17,23 @@ def test_gather_eval_exact():
         assert r['exact']['scores'] == s.tolist()
         assert (r['exact']['auc'], r['exact']['confusion']) == ref
     assert res[0]['padded']['n'] == 102 and res[0]['mean_of_ranks'] != ref[0]
+
+
+def test_stack_signal_is_not_one_the_program_or_torchrun_handles(monkeypatch):
+    "The stack-dump signal: no handler of the program's, and not one torchrun takes."
+    import signal
+    from torch.distributed.run import get_args_parser
+    from cifar_ddp_tut import train
+    from cifar_ddp_tut.lessons.atlas import STACK_SIGNAL
+    handled, real = set(), signal.signal
+    def record(sig, handler):
+        if handler not in (signal.SIG_DFL, None): handled.add(sig)
+        return real(sig, handler)
+    monkeypatch.setattr(signal, 'signal', record)
+    train.ignore_stop_signals()  # what DataLoader workers install
+    try: train.main(['--cfg', 'no/such/config.yaml'])  # installs its handlers, refuses the path
+    except SystemExit: pass
+    assert signal.SIGUSR1 in handled and signal.SIGTERM in handled  # the program's stop signals
+    assert STACK_SIGNAL not in handled
+    torchrun_takes = get_args_parser().parse_args(['job.py']).signals_to_handle.split(',')
+    assert signal.Signals(STACK_SIGNAL).name not in torchrun_takes

@@ -16,7 +16,7 @@ from .tools import first_line, group_with
 from .figures import show
 
 # %% auto #0
-__all__ = ['VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused_error',
+__all__ = ['STACK_SIGNAL', 'VAL_LOSSES', 'mismatched', 'matched', 'demo_mismatch', 'TwoHeads', 'two_steps', 'demo_unused_error',
            'load_next_batch', 'job_main', 'dump_stacks', 'Tower', 'train_tower', 'demo_mark_twice', 'nan_steps',
            'early_stop', 'demo_decide_together', 'run_job', 'toy_eval_set', 'roc_auc', 'confusion', 'gather_uneven',
            'demo_gather_eval', 'NumberStream', 'demo_stream', 'ToyTracker', 'demo_logging']
@@ -65,6 +65,8 @@ def demo_unused_error(env:DistEnv, timeout_s:float=3.0) -> dict:
 
 # %% ../../nbs/course/08_error_atlas.ipynb #d5a3cda3
 _dump_file = None  # faulthandler writes to it for the life of the process
+# the program stops on SIGTERM and SIGUSR1; torchrun handles SIGTERM, SIGINT, SIGHUP, SIGQUIT
+STACK_SIGNAL = signal.SIGUSR2
 
 def load_next_batch(seconds:float):
     "Stands for work that never returns on one rank: a stuck file system, a deadlocked loader."
@@ -74,17 +76,20 @@ def job_main(argv=None):
     "A training script's skeleton for torchrun: argparse, the process group, one all-reduce."
     global _dump_file
     p = argparse.ArgumentParser(prog='job.py'); p.add_argument('--hang', action='store_true')
+    p.add_argument('--backend', default='gloo', choices=['gloo', 'nccl'])
     args = p.parse_args(argv)
     local_rank = int(os.environ['LOCAL_RANK'])  # torchrun sets it; no --local-rank argument
-    if os.environ.get('STACK_DIR'):  # `kill -USR1 <pid>` then writes this process's Python stack
+    if os.environ.get('STACK_DIR'):  # `kill -USR2 <pid>` then writes this process's Python stack
         _dump_file = open(Path(os.environ['STACK_DIR'])/f"stack-rank{os.environ['RANK']}.txt", 'w')
-        faulthandler.register(signal.SIGUSR1, file=_dump_file)
-    dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60))
+        faulthandler.register(STACK_SIGNAL, file=_dump_file)
+    # NCCL (`--backend nccl`): a GPU a process; device_id forms the communicator now
+    gpu = torch.device('cuda', local_rank) if args.backend == 'nccl' else None
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=60), device_id=gpu)
     rank = dist.get_rank()
     print(f"rank {rank} (local rank {local_rank}) pid {os.getpid()}: joined a world of "
           f"{dist.get_world_size()}\n", end='', flush=True)  # one write: lines do not interleave
     if args.hang and rank == 1: load_next_batch(120)
-    t = torch.ones(1); dist.all_reduce(t)
+    t = torch.ones(1, device=gpu); dist.all_reduce(t)  # gpu None: the CPU
     if rank == 0: print(f"all_reduce: {t.item():g}", flush=True)
     dist.destroy_process_group()
 
@@ -94,7 +99,7 @@ from ..launch import TORCHRUN, run_process, start_process, stop_process, torchru
 from .tools import write_script, worker_pids, strip_paths
 
 def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0) -> dict:
-    "Run `fn` under torchrun with `--hang`, `kill -USR1` every rank, stop the job: {rank: stack}."
+    "Run `fn` under torchrun with `--hang`, signal every rank (STACK_SIGNAL), stop: {rank: stack}."
     folder = Path(folder)
     p = start_process(torchrun_cmd(nproc, '--hang', module=write_script(folder, fn)),
                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -104,7 +109,7 @@ def dump_stacks(folder, fn, nproc:int=2, wait_s:float=2.0) -> dict:
         while len(worker_pids(lines)) < nproc and time.monotonic() < deadline and p.poll() is None:
             lines += p.stdout.readline()  # each rank prints its pid
         time.sleep(wait_s)  # every rank is now where it will stay
-        for pid in worker_pids(lines).values(): os.kill(pid, signal.SIGUSR1)  # kill -USR1 <pid>
+        for pid in worker_pids(lines).values(): os.kill(pid, STACK_SIGNAL)  # kill -USR2 <pid>
         time.sleep(0.5)
     finally: stop_process(p, 10)
     return {r: strip_paths((folder/f'stack-rank{r}.txt').read_text()).strip()
