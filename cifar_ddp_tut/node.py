@@ -36,20 +36,30 @@ def split_args(argv:list) -> tuple[dict, list]:
     return opts, list(argv[i:])
 
 # %% auto #0
-__all__ = ['REFUSED', 'FORWARDED', 'OPTIONS', 'USAGE', 'UsageError', 'split_args', 'failure_reason', 'run_node', 'main']
+__all__ = ['REFUSED', 'FORWARDED', 'OPTIONS', 'USAGE', 'UsageError', 'split_args', 'refusal', 'failure_reason', 'run_node',
+           'main']
 
 # %% ../nbs/program/16_node.ipynb #c16a0007
 _EXITCODE = re.compile(r'^\s*exitcode\s*:\s*(-?\d+) \(pid')  # torchrun's failure summary, a rank
 _ERROR = re.compile(r'^(?:[\w.]+\.)?(\w*(?:Error|Exception))\b')
 
+_OWN = ('ValueError', 'TypeError', 'KeyError', 'ImportError', 'ModuleNotFoundError')
+
+def refusal(code:int, lines:list) -> str|None:
+    "What torchrun refused before any worker started (its arguments): retrying cannot help."
+    if code == 0 or any(_EXITCODE.match(l) for l in lines): return None
+    last = next((l.strip() for l in reversed(lines) if l.strip()), '')
+    if code == 2 and ': error: ' in last: return last  # argparse: a bad or missing option
+    return last if (m := _ERROR.match(last)) and m[1] in _OWN else None
+
 def failure_reason(code:int, lines:list) -> str|None:
     "Why torchrun ended in a failure that may pass (a reason to retry); None: done or refused."
-    if code == 0: return None
+    if code == 0 or refusal(code, lines): return None
     codes = [int(m[1]) for l in lines if (m := _EXITCODE.match(l))]
     if REFUSED in codes: return None  # a worker refused its config or input
-    if codes:
-        return f"worker exit code {codes[0]}" + (
-            f" ({signal.Signals(-codes[0]).name})" if codes[0] < 0 else "")
+    if codes:  # the summary lists the root cause (first observed failure) last
+        return f"worker exit code {codes[-1]}" + (
+            f" ({signal.Signals(-codes[-1]).name})" if codes[-1] < 0 else "")
     last = next((l.strip() for l in reversed(lines) if l.strip()), '')
     return m[1] if (m := _ERROR.match(last)) else f"torchrun exit code {code}"
 
@@ -61,6 +71,12 @@ def _arg(args:list, name:str, default:str) -> str:
         if a in names and i + 1 < len(args): return args[i + 1]
         if a.partition('=')[0] in names: return a.partition('=')[2]
     return default
+
+def _handled(args:list) -> set:
+    "The signals torchrun passes on to its workers (`--signals-to-handle`, else PET_ or default)."
+    names = os.environ.get('PET_SIGNALS_TO_HANDLE', 'SIGTERM,SIGINT,SIGHUP,SIGQUIT')
+    return {signal.Signals[n.strip()] for n in _arg(args, '--signals_to_handle', names).split(',')
+            if n.strip() in signal.Signals.__members__}
 
 def _torchrun(args:list, child:list, signals:list, workers:list, err=None) -> tuple[int, list]:
     "Run torchrun with `args` to its end, its stderr copied to `err`: (exit code, its last lines)."
@@ -85,7 +101,11 @@ def run_node(args:list, retries:int=3, retry_for:float=0, pause:float=10, err=No
     err = err or sys.stderr
     def say(msg): print(f"cifar_ddp_node: {msg}", file=err, flush=True)
     signals, child, workers, wake = [], [], [], threading.Event()
+    handled = _handled(args)
     def on_signal(signum, frame):  # pass it on as torchrun passes it to its workers; no more tries
+        if signum not in handled:  # torchrun would die of it and leave its workers running
+            say(f"{signal.Signals(signum).name} not passed on: torchrun was not given it in "
+                "--signals-to-handle"); return
         signals.append(signum); wake.set()
         if child and child[0].poll() is None:
             try: workers.extend(psutil.Process(child[0].pid).children(recursive=True))
@@ -97,6 +117,8 @@ def run_node(args:list, retries:int=3, retry_for:float=0, pause:float=10, err=No
         while True:
             code, lines = _torchrun(args, child, signals, workers, err)
             if signals: return code
+            if no := refusal(code, lines):
+                say(f"torchrun refused its arguments, not retried: {no}"); return code
             why = failure_reason(code, lines)
             if why is None: return code
             first = first or time.monotonic()

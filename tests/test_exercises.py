@@ -604,3 +604,19 @@ def test_a_process_that_ends_while_starting_is_told_apart(tmp_path):
                      "if __name__ == '__main__': check(1, total_images)")
     assert 'rank 0 exited with code 3 before your function ran' in out, out
     assert 'each process imports your script (answer.py)' in out and 'sys.exit' not in out, out
+
+
+def total_images_to_cpu(n_mine):
+    total = torch.tensor([n_mine]).to('cpu'); dist.all_reduce(total); return int(total)
+
+
+def test_to_cpu_does_not_hide_a_tensor_without_a_device(capsys):
+    "`.to('cpu')` names the CPU, which NCCL refuses: still 'passed here, not on NCCL'."
+    out = verdict(capsys, 1, total_images_to_cpu, seed=0)
+    assert 'Exercise 1: passed here, not on NCCL' in out, out
+
+
+def test_forbidden_names_are_whole_names():
+    from cifar_ddp_tut.lessons.harness import forbidden_names
+    assert forbidden_names('print("inspecting x")') == []
+    assert forbidden_names('getattr(sys, "_getframe")(1)') == ['_getframe']

@@ -241,3 +241,34 @@ def test_sigterm_during_a_pause(tmp_path):
     print(f"SIGTERM during a 120 s pause: exit {rc} after {secs:.2f} s; {said}")
     assert rc == 128 + signal.SIGTERM and secs < 2 and len(said) == 1, err.read_text()[-3000:]
     assert 'worker exit code 13' in said[0] and '2 more after this' in said[0]
+
+
+# ---- fast unit tests of cifar_ddp_node's reading of torchrun (no namespaces, no workers)
+def test_the_root_cause_is_the_failure_reported():
+    "torchrun's summary lists the other failures first and the root cause (first observed) last."
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from cifar_ddp_tut.node import failure_reason
+    killed = ProcessFailure(local_rank=0, pid=1, exitcode=-15, error_file='none')
+    root = ProcessFailure(local_rank=1, pid=2, exitcode=13, error_file='none')
+    root.timestamp, killed.timestamp = 100, 105
+    msg = ChildFailedError('train', {0: killed, 1: root}).format_msg()
+    assert msg.index('exitcode  : -15') < msg.index('Root Cause') < msg.index('exitcode  : 13')
+    assert failure_reason(1, msg.splitlines()) == 'worker exit code 13'
+
+
+def test_torchruns_own_refusal_is_not_retried(capsys):
+    "A bad torchrun argument (no worker started) ends the node with one line, without a retry."
+    from cifar_ddp_tut.node import run_node
+    err = __import__('io').StringIO()
+    code = run_node(['--standalone', '--nproc_per_node=x', '-m', 'cifar_ddp_tut.train'],
+                    retries=2, pause=0, err=err)
+    said = [l for l in err.getvalue().splitlines() if l.startswith('cifar_ddp_node:')]
+    assert code != 0 and len(said) == 1 and 'refused its arguments' in said[0], err.getvalue()
+    assert 'Unsupported nproc_per_node value' in said[0]
+
+
+def test_sigusr1_is_passed_on_only_when_torchrun_handles_it():
+    from cifar_ddp_tut.node import _handled
+    assert signal.SIGUSR1 not in _handled(['--nnodes=2', '-m', 'x'])
+    assert signal.SIGUSR1 in _handled(['--signals-to-handle=SIGTERM,SIGUSR1', '-m', 'x'])
+    assert signal.SIGUSR1 in _handled(['--signals_to_handle', 'SIGUSR1', '-m', 'x'])

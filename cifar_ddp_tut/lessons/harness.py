@@ -94,7 +94,7 @@ def forbidden_names(source:str, banned:tuple=()) -> list:
         elif isinstance(node, ast.ImportFrom): names = (node.module or '').split('.')
         elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
               and id(node) not in docs):
-            names = [w for w in words if w in node.value]
+            names = re.findall(r'\w+', node.value)  # whole names only
         found += [w for w in names if w in words and w not in found]
     return found
 
@@ -193,7 +193,8 @@ def ddp_hook(state, bucket):
 # %% ../../nbs/program/13_checker_harness.ipynb #16ad3bf5
 FACTORIES = {getattr(torch, f) for f in (
     'tensor', 'as_tensor', 'asarray', 'scalar_tensor', 'zeros', 'ones', 'full', 'empty', 'eye',
-    'arange', 'range', 'linspace', 'logspace', 'rand', 'randn', 'randint', 'randperm')}
+    'arange', 'range', 'linspace', 'logspace', 'rand', 'randn', 'randint', 'randperm',
+    'empty_strided')}
 NO_DEVICE = '_made_without_device'  # the mark, an attribute of the tensor
 
 def _tensors(x) -> list: return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
@@ -204,9 +205,11 @@ def unplaced(x) -> bool:
 
 def _placement(func, args, kwargs) -> bool:
     "Does `func` put its result on a device the code names (`device=`, `.to(device)`, `.cuda()`)?"
-    if func is torch.Tensor.cuda or kwargs.get('device') is not None: return True
+    if func is torch.Tensor.cuda: return True
+    cpu = lambda d: isinstance(d, (torch.device, str)) and torch.device(d).type == 'cpu'
+    if kwargs.get('device') is not None: return not cpu(kwargs['device'])
     return func is torch.Tensor.to and any(  # .to(loss.device), .to('cuda'), .to(other_tensor)
-        isinstance(a, (torch.device, str, int, torch.Tensor)) for a in args[1:])
+        isinstance(a, (torch.device, str, int, torch.Tensor)) and not cpu(a) for a in args[1:])
 
 class Placement(TorchFunctionMode):
     "Marks each tensor made without a device, and each tensor computed from a marked one."
@@ -390,7 +393,8 @@ def _likely_cause(bad:list, inside:dict, world:int) -> str|None:
                 "the same collective calls in the same order.")
     if len(inside) > 1 and len(shapes) > 1:
         return (f"the ranks called dist.{fns.pop()} with tensors of different shapes; gloo checks "
-                "the sizes it receives and raises, times out, or aborts the process (SIGABRT). "
+                "the sizes it receives and raises, times out, aborts the process (SIGABRT), or "
+                "returns a wrong value on some rank with no error. "
                 "Every rank must pass tensors of the same shape.")
     if raised:
         return (f"start from rank {raised[0]['rank']}'s error" + (
@@ -455,7 +459,8 @@ def _answer_source(n:int, fn, ex:Exercise):
 # %% ../../nbs/program/13_checker_harness.ipynb #de7c0950
 NCCL_HINT = ("{call} was given a tensor made without a device, so on the CPU: gloo takes it; "
              "NCCL takes CUDA tensors only and refuses it on every rank. Make it on the device "
-             "your inputs live on: torch.tensor(..., device=loss.device), the model's device.")
+             "your inputs live on: torch.tensor(..., device=loss.device), the model's device, "
+             "or this rank's GPU, torch.device('cuda', torch.cuda.current_device()).")
 
 def check(n:int, fn, seed:int|None=None, job_timeout_s:float=20, group_timeout_s:float=4):
     "Run the learner's `fn` for exercise `n` on each of its world sizes; print the verdict."
