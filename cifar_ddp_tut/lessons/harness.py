@@ -206,7 +206,7 @@ def unplaced(x) -> bool:
 def _placement(func, args, kwargs) -> bool:
     "Does `func` put its result on a device the code names (`device=`, `.to(device)`, `.cuda()`)?"
     if func is torch.Tensor.cuda: return True
-    cpu = lambda d: isinstance(d, (torch.device, str)) and torch.device(d).type == 'cpu'
+    cpu = lambda d: isinstance(d, str) and d.startswith('cpu')  # written 'cpu': NCCL refuses it
     if kwargs.get('device') is not None: return not cpu(kwargs['device'])
     return func is torch.Tensor.to and any(  # .to(loss.device), .to('cuda'), .to(other_tensor)
         isinstance(a, (torch.device, str, int, torch.Tensor)) and not cpu(a) for a in args[1:])
