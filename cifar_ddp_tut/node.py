@@ -63,7 +63,7 @@ def failure_reason(code:int, lines:list) -> str|None:
     last = next((l.strip() for l in reversed(lines) if l.strip()), '')
     return m[1] if (m := _ERROR.match(last)) else f"torchrun exit code {code}"
 
-# %% ../nbs/program/16_node.ipynb #c16a000a
+# %% ../nbs/program/16_node.ipynb #c16a0010
 def _arg(args:list, name:str, default:str) -> str:
     "torchrun's option `name` (`--rdzv_endpoint`, or with dashes) in `args`."
     names = {name, name.replace('_', '-')}
@@ -78,6 +78,8 @@ def _handled(args:list) -> set:
     return {signal.Signals[n.strip()] for n in _arg(args, '--signals_to_handle', names).split(',')
             if n.strip() in signal.Signals.__members__}
 
+
+# %% ../nbs/program/16_node.ipynb #c16a000a
 def _torchrun(args:list, child:list, signals:list, workers:list, err=None) -> tuple[int, list]:
     "Run torchrun with `args` to its end, its stderr copied to `err`: (exit code, its last lines)."
     err = err or sys.stderr
