@@ -82,8 +82,8 @@ def job_main(argv=None):
     if os.environ.get('STACK_DIR'):  # `kill -USR2 <pid>` then writes this process's Python stack
         _dump_file = open(Path(os.environ['STACK_DIR'])/f"stack-rank{os.environ['RANK']}.txt", 'w')
         faulthandler.register(STACK_SIGNAL, file=_dump_file)
-    # NCCL (`--backend nccl`): a GPU a process; device_id forms the communicator now
-    gpu = torch.device('cuda', local_rank) if args.backend == 'nccl' else None
+    gpu = torch.device('cuda', local_rank) if args.backend == 'nccl' else None  # NCCL: a GPU each
+    if gpu is not None: torch.cuda.set_device(gpu)  # first; device_id forms the communicator now
     dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=60), device_id=gpu)
     rank = dist.get_rank()
     print(f"rank {rank} (local rank {local_rank}) pid {os.getpid()}: joined a world of "
