@@ -24,6 +24,9 @@ API_DIR = 'api'        # where the package's API pages (mkdocstrings) go in the 
 HERE = Path(__file__).resolve().parent
 TORCH_DOCS = HERE / 'torch_docs.json'   # the one map: a torch name as the notebooks write it -> its docs
 UNDER_THE_HOOD = 'Under the hood:'      # a heading starting so opens a part the site collapses
+# a code cell whose input JupyterLab shows collapsed (cell metadata jupyter.source_hidden: the
+# course's plumbing, off a learner's reading path) is folded on its page too: one click shows it
+FOLD_MARK = 'fold-next'
 # pages a search for an error message should find first: the atlas answers messages, so its
 # sections outrank pages whose titles share a word by prefix ("use" of "user"); checked by
 # tests/test_site_browser.py against every message of README's atlas table
@@ -188,6 +191,20 @@ def mark_under_the_hood(cells):
     return out
 
 
+def folded(cell):
+    "A code cell whose input JupyterLab shows collapsed (`jupyter.source_hidden` in its metadata)."
+    return cell['cell_type'] == 'code' and bool(cell.get('metadata', {}).get('jupyter', {}).get('source_hidden'))
+
+
+def _fold_marker(cell):
+    "A marker cell before a folded code cell: its summary names the cell's first definition and size."
+    lines = [l for l in ''.join(cell['source']).splitlines() if l.strip()]
+    first = next((l for l in lines if re.match(r'(async\s+)?(def|class)\s', l)), lines[0] if lines else '')
+    summary = (f'Show the code ({len(lines)} lines): <code>{html.escape(first.strip().rstrip(":"))}</code>')
+    return {'cell_type': 'markdown', 'id': f"{cell.get('id', 'c')}-fold", 'metadata': {},
+            'source': f'<div class="{FOLD_MARK}" data-summary="{html.escape(summary)}"></div>'}
+
+
 def prepare(nb, rel, known):
     "The notebook as its page shows it; `rel` is its path under nbs/, `known` every such path."
     cells = []
@@ -196,6 +213,7 @@ def prepare(nb, rel, known):
         if cell['cell_type'] == 'code':
             cell = _code_cell(cell)
             if cell is None: continue
+            if folded(cell) and cell['source'].strip(): cells.append(_fold_marker(cell))
             if cell.get('outputs'):
                 cell['outputs'] = [o for o in cell['outputs'] if not progress_bar(o)]
         elif cell['cell_type'] == 'markdown':
@@ -361,6 +379,33 @@ def collapse_under_the_hood(content):
     return ''.join(out)
 
 
+_FOLD = re.compile(r'<div class="' + FOLD_MARK + r'" data-summary="([^"]*)"></div>')
+
+
+def _div_end(s, a):
+    "The end of the `<div>` that opens at `a`."
+    depth = 0
+    for m in re.finditer(r'<div\b|</div>', s[a:]):
+        depth += 1 if m.group(0) == '<div' else -1
+        if depth == 0: return a + m.end()
+    return len(s)
+
+
+def fold_code(content):
+    """The input of each code cell after a `_fold_marker` inside a closed `<details>`; its outputs stay
+    in view."""
+    out, pos = [], 0
+    for m in _FOLD.finditer(content):
+        if m.start() < pos: continue
+        a = content.find('<div class="jp-Cell-inputWrapper"', m.end())
+        if a < 0: continue
+        b = _div_end(content, a)
+        out += [content[pos:a], f'<details class="folded-code"><summary>{html.unescape(m.group(1))}'
+                f'</summary>\n', content[a:b], '\n</details>\n']
+        pos = b
+    return ''.join(out) + content[pos:]
+
+
 def torch_docs():
     "The map from a torch name, as the notebooks write it in `code`, to its page in PyTorch's docs."
     return json.loads(TORCH_DOCS.read_text(encoding='utf-8'))
@@ -419,6 +464,7 @@ def on_page_content(content, page, config, files, **kwargs):
         return f'{m.group(1)}"{stem}.html{"#" + frag if frag else ""}"'
     content = re.sub(r'(href=)"([^"]*)"', link, content)
     content = collapse_under_the_hood(content)
+    content = fold_code(content)
     content = link_torch_docs(content, torch_docs())
     h1 = content.find('</h1>') if '/' in page.file.src_uri else -1   # the home page: README's text
     if h1 >= 0: content = content[:h1 + 5] + notebook_links(page, config) + content[h1 + 5:]

@@ -347,6 +347,30 @@ def test_under_the_hood_parts_are_collapsed_and_progress_bars_left_out(tmp_path)
     assert page.count('<details') == page.count('</details>') == 2
 
 
+def test_folded_code_is_folded_on_the_page_with_its_outputs_in_view(tmp_path):
+    "A cell JupyterLab shows collapsed (jupyter.source_hidden) is a closed <details> on its page."
+    import nbformat.v4 as v4
+    from mkdocs_jupyter.nbconvert2 import nb2html
+    h = _hooks()
+    shown = v4.new_code_cell('print("in view")', outputs=[v4.new_output('stream', name='stdout',
+                                                                         text='first\n')])
+    fold = v4.new_code_cell('#| export\nimport os\n\ndef worker(rank, world):\n\n    return "plumbing"',
+                            outputs=[v4.new_output('stream', name='stdout', text='its output\n')])
+    fold['metadata'] = {'jupyter': {'source_hidden': True}}
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell('# Fixture\n\n> Folded?'), shown, fold])
+    for i, c in enumerate(nb['cells']): c['id'] = f'c{i}'
+    path = tmp_path / 'x.ipynb'
+    path.write_text(json.dumps(h.prepare(json.loads(json.dumps(nb)), Path('course/x.ipynb'), set())))
+    page = h.fold_code(nb2html(str(path), no_prompt=True))
+    parts = re.findall(r'<details class="folded-code"><summary>(.*?)</summary>(.*?)</details>', page, re.S)
+    assert len(parts) == 1, page
+    summary, body = parts[0]
+    assert summary == 'Show the code (3 lines): <code>def worker(rank, world)</code>'
+    assert 'plumbing' in body and 'its output' not in body and 'its output' in page
+    assert 'in view' not in body and 'first' not in body
+    assert body.count('<div') == body.count('</div>')
+
+
 def test_a_notebook_without_under_the_hood_is_unchanged():
     h = _hooks()
     nb = json.loads((NBS / 'course' / '01_first_ddp.ipynb').read_text(encoding='utf-8'))
