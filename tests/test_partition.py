@@ -69,20 +69,25 @@ READ_S = 10     # read_timeout of the rendezvous store (torch's default 60 s): h
 PAUSE_S = 3     # cifar_ddp_node --pause
 
 
-def small(save_dir, data_dir, *extra):
+BLIP_TIMEOUT_S = 30  # the blip run's timeout_s and read_timeout. The connections come back seconds after
+                     # the link (TCP's retransmissions back off, each waiting twice the last): with 10 s,
+                     # CI once saw a 5 s cut fail a collective and restart the workers
+
+
+def small(save_dir, data_dir, *extra, timeout_s=TIMEOUT_S):
     return small_args(save_dir, data_dir, '--synthetic_train_size', '256', '--synthetic_test_size', '64',
-                      '--timeout_s', str(TIMEOUT_S), *extra, epochs=EPOCHS)
+                      '--timeout_s', str(timeout_s), *extra, epochs=EPOCHS)
 
 
 class Nodes:
     "README's several-nodes command through cifar_ddp_node, one process per node, node i in namespace i."
-    def __init__(self, net, tmp_path, retries=(3, 3), pause=PAUSE_S, max_restarts=3):
+    def __init__(self, net, tmp_path, retries=(3, 3), pause=PAUSE_S, max_restarts=3, read_s=READ_S):
         self.net, self.log_dir, self.retries, self.pause, self.ps = net, tmp_path/'logs', retries, pause, []
-        self.max_restarts = max_restarts
+        self.max_restarts, self.read_s = max_restarts, read_s
         self.log_dir.mkdir(exist_ok=True)
 
     def cmd(self, i, args):
-        conf = f'join_timeout={JOIN_S},read_timeout={READ_S},is_host={int(i == 0)}'  # a namespace's
+        conf = f'join_timeout={JOIN_S},read_timeout={self.read_s},is_host={int(i == 0)}'  # a namespace's
         # address is not its host name's: say which node hosts the rendezvous store, and where each is
         return [*NODE, '--retries', self.retries[i], '--pause', self.pause, '--nnodes=2', '--nproc_per_node=1',
                 '--rdzv_backend=c10d', f'--rdzv_endpoint={self.net.addr[0]}:{PORT}', '--rdzv_id=partition',
@@ -140,8 +145,8 @@ def blip(tmp_path_factory, data_dir):
     d = tmp_path_factory.mktemp('blip')
     net = Net()
     try:
-        net.up(); nodes = Nodes(net, d)
-        nodes.start(*small(d/'run', data_dir))
+        net.up(); nodes = Nodes(net, d, read_s=BLIP_TIMEOUT_S)
+        nodes.start(*small(d/'run', data_dir, timeout_s=BLIP_TIMEOUT_S))
         _in_epoch_2(nodes, d/'run'); t0 = _cut(net, 5)
         rcs = nodes.wait(); secs = time.monotonic() - t0
     finally:
@@ -152,7 +157,8 @@ def blip(tmp_path_factory, data_dir):
 
 @pytest.mark.slow
 def test_a_blip_is_survived_without_a_retry(blip):
-    "Node b's link down for 5 s, less than timeout_s: no collective times out, nothing is retried."
+    """Node b's link down for 5 s, well under timeout_s: no collective times out, no worker restarts,
+    nothing is retried."""
     print(f"5 s blip: both nodes ended {blip['secs']:.0f} s after the cut, exit codes {blip['rcs']}")
     assert blip['rcs'] == [0, 0], blip['err']
     assert blip['said'] == [[], []] and 'resuming from' not in blip['out']
