@@ -7,7 +7,8 @@ carries both (settings.ini's `allowed_metadata_keys` keeps `language_info` throu
 with the kernelspec that `nbdev_clean` writes (`display_name` = `name` = `python3`): README's install
 gives the environment's kernel that display name. The one thing that still differs on another Python
 is `language_info.version` (JupyterLab's behaviour, not ours); the browser test below runs on the
-Python that runs it.
+Python that runs it. A cell whose input the course folds (`jupyter.source_hidden`, kept by
+settings.ini's `allowed_cell_metadata_keys`) opens collapsed, and unmodified too.
 
 The browser test needs Debian's chromium and the playwright package (.ci/run installs both)."""
 import copy
@@ -81,6 +82,12 @@ def test_jupyterlab_opens_a_saved_notebook_without_modifying_it(tmp_path):
     bare = copy.deepcopy(saved)
     del bare['metadata']['language_info']
     (tmp_path / 'bare.ipynb').write_text(json.dumps(bare), encoding='utf-8')
+    # folded code (the course's plumbing): JupyterLab shows the input collapsed, and opening it
+    # modifies nothing either
+    folded = copy.deepcopy(saved)
+    code = [c for c in folded['cells'] if c['cell_type'] == 'code']
+    code[0]['metadata']['jupyter'] = {'source_hidden': True}
+    (tmp_path / 'folded.ipynb').write_text(json.dumps(folded), encoding='utf-8')
     # the kernel as README's install names it, found first through JUPYTER_PATH
     kdir = tmp_path / 'jupyter' / 'kernels' / 'python3'
     kdir.mkdir(parents=True)
@@ -114,6 +121,11 @@ def test_jupyterlab_opens_a_saved_notebook_without_modifying_it(tmp_path):
                 assert not _opened_modified(page, port, 'saved.ipynb'), \
                     "JupyterLab marked a saved notebook modified on opening"
                 page = browser.new_page(viewport={'width': 1280, 'height': 800})
+                assert not _opened_modified(page, port, 'folded.ipynb'), \
+                    "JupyterLab marked a notebook with folded code modified on opening"
+                assert page.locator('.jp-InputPlaceholder').count() == 1, \
+                    "the folded cell's input is not shown collapsed"
+                page = browser.new_page(viewport={'width': 1280, 'height': 800})
                 assert _opened_modified(page, port, 'bare.ipynb'), \
                     "the control (no language_info) was not marked modified: the test sees nothing"
             finally:
@@ -122,6 +134,5 @@ def test_jupyterlab_opens_a_saved_notebook_without_modifying_it(tmp_path):
         lab.terminate()
         try: lab.wait(20)
         except subprocess.TimeoutExpired: lab.kill()
-    for f in ('saved.ipynb', 'bare.ipynb'):   # opening wrote nothing either
-        assert json.loads((tmp_path / f).read_text(encoding='utf-8'))['metadata'] == \
-               (saved if f == 'saved.ipynb' else bare)['metadata']
+    for f, nb in (('saved.ipynb', saved), ('bare.ipynb', bare), ('folded.ipynb', folded)):
+        assert json.loads((tmp_path / f).read_text(encoding='utf-8')) == nb   # opening wrote nothing
