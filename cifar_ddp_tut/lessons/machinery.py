@@ -4,7 +4,7 @@
 
 # %% ../../nbs/course/03_inside_ddp.ipynb #41db01c6
 from __future__ import annotations
-import contextlib, copy, os, re, time
+import contextlib, copy, os, re
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist
@@ -18,8 +18,8 @@ from ..model import build_model
 # %% auto #0
 __all__ = ['WRAPPERS', 'resnet18_10', 'fingerprint', 'broadcast_at_construction', 'broadcast_from_rank0', 'ScratchDDP',
            'fixed_batches', 'compare_wrappers', 'buffer_sync_rule', 'BucketDDP', 'bucket_sizes_hook',
-           'torch_ddp_features', 'profile_ddp_steps', 'overlap_summary', 'step_times', 'AllReduceSum',
-           'written_out_sync_bn', 'sync_bn_check', 'sync_bn_on_cpu', 'sync_bn_demo']
+           'torch_ddp_features', 'profile_ddp_steps', 'overlap_summary', 'AllReduceSum', 'written_out_sync_bn',
+           'sync_bn_check', 'sync_bn_on_cpu', 'sync_bn_demo']
 
 # %% ../../nbs/course/03_inside_ddp.ipynb #476610fc
 def resnet18_10(seed:int) -> nn.Module:
@@ -291,23 +291,6 @@ def overlap_summary(evs:list) -> dict:
     ar = [(a, b) for k, n, a, b, *_ in evs if n == 'gloo:all_reduce']
     return dict(buckets=len(ar), busy_ms=_union_ms(ar, bw0, 1e9), compute_ms=compute_end - bw0,
                 hidden_ms=_union_ms(ar, bw0, compute_end), exposed_ms=bw1 - compute_end)
-
-# %% ../../nbs/course/03_inside_ddp.ipynb #32cd84ae
-def step_times(env:DistEnv, caps=(1, 5, 25, None), per_rank:int=4, rounds:int=5,
-               warmup:int=2) -> dict:
-    "ms per step of each round, without DDP and with each `bucket_cap_mb` (None: not given)."
-    x, y = torch.randn(per_rank, 3, 32, 32), torch.randint(0, 10, (per_rank,))
-    runs = {}
-    for cap in ('no DDP', *caps):
-        model = resnet18_10(0)
-        net = model if cap == 'no DDP' else DDP(model, bucket_cap_mb=cap)
-        runs[cap] = (net, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), [])
-    for r in range(warmup + rounds):           # interleaved: a change of load hits every cap alike
-        for cap, (net, opt, times) in runs.items():
-            dist.barrier()                      # both ranks start each step together
-            t0 = time.perf_counter(); _train_step(net, opt, x, y)
-            if r >= warmup: times.append(1e3 * (time.perf_counter() - t0))
-    return {cap: times for cap, (_, _, times) in runs.items()}
 
 # %% ../../nbs/course/03_inside_ddp.ipynb #d3f54635
 class AllReduceSum(torch.autograd.Function):

@@ -28,6 +28,7 @@ def right_answers(idx:list, n:int, n_right:int) -> int:
         guess = AnswerKey(n, n_right)(torch.tensor(idx, dtype=torch.long)).argmax(1)
     return int((guess == torch.tensor(idx) % 10).sum())
 
+# %% ../../nbs/course/04_shards_and_metrics.ipynb #7cc34118
 def padded_evaluation(env, n:int=10, n_right:int=5) -> dict:
     "This rank's padded shard, and the correct answers and images counted over all ranks."
     idx = list(DistributedSampler(range(n), env.world_size, env.rank, shuffle=False))
