@@ -188,7 +188,8 @@ def early_stop(env:DistEnv, decide_together:bool, epochs:int=5, timeout_s:float=
         try:
             model(torch.randn(8, 4)).pow(2).mean().backward()
             val = VAL_LOSSES[env.rank][epoch]
-            stop = torch.tensor(float(val > best)); best = min(best, val)
+            stop = torch.tensor(float(val > best), device=next(model.parameters()).device)
+            best = min(best, val)
             if decide_together: dist.all_reduce(stop, op=dist.ReduceOp.MAX, group=group)
             log.append(f"epoch {epoch}: ok")
             if stop.item(): log.append(f"stopped after epoch {epoch}"); break
@@ -242,6 +243,7 @@ def gather_uneven(t:torch.Tensor, group=None) -> torch.Tensor:
     dist.all_gather(parts, padded, group=group)
     return torch.cat([p[:s] for p, s in zip(parts, sizes)])
 
+# %% ../../nbs/course/08_error_atlas.ipynb #04c6fc70
 def demo_gather_eval(env:DistEnv, n:int=101) -> dict:
     "AUC and confusion matrix three ways: mean of per-rank AUCs, padded gather, exact gather."
     from torch.utils.data import DistributedSampler
@@ -271,6 +273,7 @@ class NumberStream(IterableDataset):
         for i, record in enumerate(range(self.n)):  # stands for reading lines of a file
             if not self.shard or i % readers == me: yield record
 
+# %% ../../nbs/course/08_error_atlas.ipynb #b1024350
 def demo_stream(env:DistEnv, n:int=50, workers:int=2) -> dict:
     "Every record each rank's DataLoader (with `workers` workers) yields, unsharded and sharded."
     import multiprocessing

@@ -17,29 +17,13 @@ from ..dist import DistEnv
 from .tools import group_with
 
 # %% auto #0
-__all__ = ['RESUME_PARTS', 'Timeline', 'epoch_end_wrong', 'epoch_end_fixed', 'demo_rank0_only_collective', 'archive_bytes',
+__all__ = ['RESUME_PARTS', 'epoch_end_wrong', 'epoch_end_fixed', 'Timeline', 'demo_rank0_only_collective', 'archive_bytes',
            'slow_write', 'fake_download', 'download_if_missing', 'unpack', 'demo_download', 'torchrun_env',
            'demo_rank_vs_local_rank', 'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole',
-           'demo_module_prefix', 'tiny_training', 'rng_state', 'save_snapshot', 'load_snapshot', 'train_resumable',
+           'demo_module_prefix', 'rng_state', 'save_snapshot', 'tiny_training', 'load_snapshot', 'train_resumable',
            'demo_train_and_crash', 'demo_resume']
 
 # %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9b
-def _short(e:BaseException) -> str:
-    "An exception's message without the source-file prefix gloo puts in front of it."
-    return re.sub(r'^\[[^\]]*\]\s*', '', str(e).splitlines()[0])
-
-class Timeline:
-    "This rank's collectives: when it entered and left each, how it left, what it returned; a log."
-    def __init__(self): self.t0, self.events, self.log = time.time(), [], None
-    @contextlib.contextmanager
-    def __call__(self, name:str, t:torch.Tensor|None=None, what:str=''):
-        ev = dict(name=name, what=what, start=time.time() - self.t0, outcome='ok', value=None)
-        try:
-            yield
-            if t is not None: ev['value'] = t.item()
-        except RuntimeError as e: ev['outcome'] = _short(e); raise
-        finally: ev['end'] = time.time() - self.t0; self.events.append(ev)
-
 def epoch_end_wrong(env:DistEnv, loss_sum, correct, group, step:Timeline):
     "Sum the loss for the log line on rank 0 only; every rank sums its correct answers; a barrier."
     if env.rank == 0:  # the mistake: an all_reduce that only rank 0 makes...
@@ -55,6 +39,23 @@ def epoch_end_fixed(env:DistEnv, loss_sum, correct, group, step:Timeline):
     if env.rank == 0: step.log = f"epoch loss {loss_sum.item():.0f}"
     with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
     with step('barrier'): dist.barrier(group=group)
+
+# %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9c
+def _short(e:BaseException) -> str:
+    "An exception's message without the source-file prefix gloo puts in front of it."
+    return re.sub(r'^\[[^\]]*\]\s*', '', str(e).splitlines()[0])
+
+class Timeline:
+    "This rank's collectives: when it entered and left each, how it left, what it returned; a log."
+    def __init__(self): self.t0, self.events, self.log = time.time(), [], None
+    @contextlib.contextmanager
+    def __call__(self, name:str, t:torch.Tensor|None=None, what:str=''):
+        ev = dict(name=name, what=what, start=time.time() - self.t0, outcome='ok', value=None)
+        try:
+            yield
+            if t is not None: ev['value'] = t.item()
+        except RuntimeError as e: ev['outcome'] = _short(e); raise
+        finally: ev['end'] = time.time() - self.t0; self.events.append(ev)
 
 def demo_rank0_only_collective(env:DistEnv,
                                timeout_s:float=3.0,  # how long a collective waits for the others
@@ -227,23 +228,6 @@ def demo_module_prefix(env:DistEnv, root) -> dict:
     return out
 
 # %% ../../nbs/course/07_pitfalls.ipynb #89e96256
-RESUME_PARTS = ('model', 'optimizer', 'scheduler', 'rng')
-
-def tiny_training(env:DistEnv, epochs:int=2, seed:int=0) -> tuple:
-    "A small DDP job with all a resume must restore: dropout, momentum, a schedule, a shuffle."
-    from cifar_ddp_tut.lessons.topics import blobs  # course/06's 10 Gaussian blobs
-    torch.manual_seed(seed)  # the same initial weights on every rank
-    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
-    model = DDP(net.to(env.device), device_ids=None if env.device.index is None
-                else [env.device.index])
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    data = TensorDataset(*blobs(256, seed=1))
-    sampler = DistributedSampler(data, shuffle=True, seed=seed)
-    loader = DataLoader(data, batch_size=16, sampler=sampler)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
-    torch.manual_seed(seed + 1 + env.rank)  # each rank draws its own dropout masks
-    return model, opt, sched, sampler, loader
-
 def rng_state() -> dict:
     "This process's random state: torch's, and CUDA's where there is one."
     st = dict(torch=torch.get_rng_state())
@@ -260,6 +244,24 @@ def save_snapshot(path, model, opt, sched, epoch:int, done:int):
                         scheduler=sched.state_dict(), epoch=epoch, done=done, rng=every), tmp)
         os.replace(tmp, path)
     dist.barrier()
+
+# %% ../../nbs/course/07_pitfalls.ipynb #89e96257
+RESUME_PARTS = ('model', 'optimizer', 'scheduler', 'rng')
+
+def tiny_training(env:DistEnv, epochs:int=2, seed:int=0) -> tuple:
+    "A small DDP job with all a resume must restore: dropout, momentum, a schedule, a shuffle."
+    from cifar_ddp_tut.lessons.topics import blobs  # course/06's 10 Gaussian blobs
+    torch.manual_seed(seed)  # the same initial weights on every rank
+    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
+    model = DDP(net.to(env.device), device_ids=None if env.device.index is None
+                else [env.device.index])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = TensorDataset(*blobs(256, seed=1))
+    sampler = DistributedSampler(data, shuffle=True, seed=seed)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * len(loader))
+    torch.manual_seed(seed + 1 + env.rank)  # each rank draws its own dropout masks
+    return model, opt, sched, sampler, loader
 
 def load_snapshot(path, model, opt, sched, device, parts=RESUME_PARTS) -> tuple:
     "Restore `parts` of a snapshot: (epoch, batches done in it, this rank's random state or None)."

@@ -210,7 +210,7 @@ def memory_grid(sizes=((1e9, '1B'), (10e9, '10B')), ns=(8, 64)) -> list:
 
 # %% ../../nbs/course/09_scaling.ipynb #0a0bba2f
 def powersgd_bytes(model, rank:int=1, min_compression_rate:float=2, dtype_bytes:int=4) -> int:
-    "Bytes PowerSGD all-reduces a step after warm-up: P and Q of each matrix it compresses, or all."
+    "Bytes PowerSGD of approximation rank `rank` all-reduces a step after warm-up: P, Q or all."
     total = 0
     for p in model.parameters():
         n, m = (p.shape[0], p.numel() // p.shape[0]) if p.ndim > 1 else (p.numel(), 1)
@@ -220,7 +220,8 @@ def powersgd_bytes(model, rank:int=1, min_compression_rate:float=2, dtype_bytes:
     return total * dtype_bytes
 
 # %% ../../nbs/course/09_scaling.ipynb #14af38c5
-HOOKS = ('fp32', 'fp16', 'bf16', 'powersgd', 'powersgd4')  # powersgdR: rank R (default 1)
+# powersgdR: PowerSGD of approximation rank R (default 1)
+HOOKS = ('fp32', 'fp16', 'bf16', 'powersgd', 'powersgd4')
 _all_reduce = dist.all_reduce  # the real one, which count_allreduce leaves uncounted
 
 @contextlib.contextmanager
@@ -235,7 +236,7 @@ def count_allreduce():
     finally: dist.all_reduce = _all_reduce
 
 def make_hook(hook:str, start_iter:int=2):
-    "(state, hook) of one of HOOKS ('powersgd4': PowerSGD of rank 4)."
+    "(state, hook) of one of HOOKS ('powersgd4': PowerSGD of approximation rank 4)."
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh, powerSGD_hook as ps
     if hook.startswith('powersgd'):
         return (ps.PowerSGDState(None, matrix_approximation_rank=int(hook[8:] or 1),

@@ -78,6 +78,7 @@ def accumulated_step(net, opt, x, y, k:int=3):
             (F.cross_entropy(net(xm), ym) / k).backward()            # the mean of the k means
     opt.step(); opt.zero_grad()
 
+# %% ../../nbs/course/05_guarantees.ipynb #d5c0bb5e
 def accumulation_check(env:DistEnv, steps:int=3, per_rank:int=6) -> dict:
     "`train_steps` without and with accumulation over 3 micro-batches."
     return {name: train_steps(env, steps, per_rank, step=step)
