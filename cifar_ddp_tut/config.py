@@ -82,22 +82,19 @@ class Config:
     compile_mode: str = _f("default",
         "torch.compile mode; reduce-overhead adds CUDA graphs (CUDA only)",
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
-    compile_cache_dir: str = _f("",
-        "where compiled kernels are kept for later runs (empty: torch's, TORCHINDUCTOR_CACHE_DIR "
-        "or torchinductor_USER in the temporary folder, /tmp unless TMPDIR says)")
+    compile_cache_dir: str = _f("", "where compiled kernels are kept for later runs (empty: "
+        "torch's, TORCHINDUCTOR_CACHE_DIR or torchinductor_USER in TMPDIR, else /tmp)")
     fused_optimizer: bool = _f(False, "fused SGD kernel, used on CUDA only (elsewhere: foreach)")
     ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MiB", min=1)
     ddp_static_graph: bool = _f(False,
         "tell DDP the graph never changes (enables extra optimisations)")
-    eval_batch_size: int = _f(0,
-        "GLOBAL evaluation batch (0: the training micro-batch, batch_size / accumulate_steps); "
-        "no activations kept, so it can be larger", min=0)
+    eval_batch_size: int = _f(0, "GLOBAL evaluation batch (0: the training micro-batch, "
+        "batch_size / accumulate_steps); no activations kept, so it can be larger", min=0)
     cudnn_benchmark: bool = _f(True,
         "let cuDNN time convolution algorithms once for fixed shapes (CUDA; off if deterministic)")
-    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes, on GPUs too as long as "
-        "the GPUs, world size and torch/NCCL versions stay the same (slower): no cuDNN autotuning, "
-        "deterministic algorithms and torch.compile kernel choice, cuBLAS's fixed workspace; "
-        "num_workers: 0")
+    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes (on GPUs: same GPUs, "
+        "world size, torch and NCCL; slower): no cuDNN autotuning, deterministic algorithms and "
+        "compiled kernel choice, cuBLAS's fixed workspace; num_workers: 0")
     # --- running
     backend: str = _f("auto",
         "process-group backend: auto (nccl with CUDA, else gloo), nccl or gloo",
