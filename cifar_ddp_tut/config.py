@@ -82,18 +82,19 @@ class Config:
     compile_mode: str = _f("default",
         "torch.compile mode; reduce-overhead adds CUDA graphs (CUDA only)",
         choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
-    compile_cache_dir: str = _f("",
-        "where compiled kernels are kept for later runs (empty: torch's, /tmp/torchinductor_USER)")
+    compile_cache_dir: str = _f("", "where compiled kernels are kept for later runs (empty: "
+        "torch's, TORCHINDUCTOR_CACHE_DIR or torchinductor_USER in TMPDIR, else /tmp)")
     fused_optimizer: bool = _f(False, "fused SGD kernel, used on CUDA only (elsewhere: foreach)")
-    ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MB", min=1)
+    ddp_bucket_mb: int = _f(25, "DDP gradient bucket size in MiB", min=1)
     ddp_static_graph: bool = _f(False,
         "tell DDP the graph never changes (enables extra optimisations)")
-    eval_batch_size: int = _f(0,
-        "GLOBAL evaluation batch (0: batch_size); no activations kept, so it can be larger", min=0)
+    eval_batch_size: int = _f(0, "GLOBAL evaluation batch (0: the training micro-batch, "
+        "batch_size / accumulate_steps); no activations kept, so it can be larger", min=0)
     cudnn_benchmark: bool = _f(True,
         "let cuDNN time convolution algorithms once for fixed shapes (CUDA; off if deterministic)")
-    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes on GPUs too (slower): "
-        "no cuDNN autotuning, deterministic algorithms, cuBLAS's fixed workspace; num_workers: 0")
+    deterministic: bool = _f(False, "bitwise-reproducible runs and resumes (on GPUs: same GPUs, "
+        "world size, torch and NCCL; slower): no cuDNN autotuning, deterministic algorithms and "
+        "compiled kernel choice, cuBLAS's fixed workspace; num_workers: 0")
     # --- running
     backend: str = _f("auto",
         "process-group backend: auto (nccl with CUDA, else gloo), nccl or gloo",
@@ -354,10 +355,14 @@ def cli_overrides(parser, argv=None) -> tuple[argparse.Namespace, dict]:
     return args, {f.name: getattr(args, f.name) for f in fields(Config)
                   if getattr(args, f.name) is not None}
 
-def parse_cli(argv=None, prog=None) -> Config:
-    "Parse `--cfg FILE --key value ...` into a checked `Config`."
+def parse_cli(argv=None, prog=None, world_size:int|None=None) -> Config:
+    "`--cfg FILE --key value ...` as a checked `Config`, its batch split over `world_size`."
     args, overrides = cli_overrides(cli_parser(prog), argv)
-    return load_config(args.cfg, overrides)
+    cfg = load_config(args.cfg, overrides)
+    # torchrun's WORLD_SIZE, known before any process joins; eval_only takes any world size
+    ws = os.environ.get('WORLD_SIZE', '1') if world_size is None else str(world_size)
+    if ws.isdigit() and int(ws) > 0 and not cfg.eval_only: per_rank_batch_size(cfg, int(ws))
+    return cfg
 
 # %% ../nbs/program/01_config.ipynb #665fadb0
 def config_dict(cfg:Config) -> dict:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 from torchvision import transforms as T
+from torchvision.datasets.utils import check_integrity
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 from .config import Config, ConfigError, per_rank_batch_size, write_atomic
@@ -103,16 +104,25 @@ _OFFLINE_HELP = ("download cifar-10-python.tar.gz from https://www.cs.toronto.ed
 
 def _load_cifar10(cfg:Config, train:bool, transform):
     root = Path(cfg.data_dir); where = f"data_dir={str(root)!r}"
-    try: return torchvision.datasets.CIFAR10(root, train=train, transform=transform,
-                                             download=cfg.download)
-    except RuntimeError:  # torchvision: "Dataset not found or corrupted"
+    C = torchvision.datasets.CIFAR10; tgz = root/C.filename
+    # looked at first: torchvision says "not found or corrupted" for both
+    state = "is damaged in" if (root/_BASE).is_dir() else "is not in"
+    try: return C(root, train=train, transform=transform, download=cfg.download)
+    except RuntimeError:  # torchvision: its MD5 check failed
+        if cfg.download and tgz.is_file() and not check_integrity(str(tgz), C.tgz_md5):
+            raise DataError(  # torchvision fetches it again only when it is not intact
+                f"the downloaded {tgz} failed its MD5 check (an interrupted or altered download); "
+                f"run again to download it afresh, or {_OFFLINE_HELP}") from None
         if cfg.download: raise DataError(
-            f"CIFAR-10 in {where} is corrupt (its MD5 check failed); "
-            f"delete {root/_BASE} and run again to download it afresh") from None
+            f"CIFAR-10 in {where} failed its MD5 check after extraction; "
+            f"delete {root/_BASE} and {tgz} and run again") from None
+        if state == "is damaged in": raise DataError(
+            f"CIFAR-10 in {where} is damaged (a file failed its MD5 check) and download is "
+            f"false; set download: true to fetch it afresh, or {_OFFLINE_HELP}") from None
         raise DataError(f"CIFAR-10 is not in {where} and download is false; "
                         f"set download: true, or {_OFFLINE_HELP}") from None
     except OSError as e:  # URLError and socket errors are OSErrors
-        raise DataError(f"CIFAR-10 is not in {where} and could not be downloaded ({e}); "
+        raise DataError(f"CIFAR-10 {state} {where} and could not be downloaded ({e}); "
                         f"{_OFFLINE_HELP}") from None
 
 def _load_synthetic(cfg:Config, train:bool, transform):

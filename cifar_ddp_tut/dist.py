@@ -44,7 +44,7 @@ class DistEnv:
 # %% ../nbs/program/02_dist.ipynb #e254549d
 TORCHRUN_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'ROLE_RANK',
                  'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_RUN_ID', 'TORCHELASTIC_RESTART_COUNT',
-                 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')  # what torchrun sets in a worker
+                 'TORCHELASTIC_MAX_RESTARTS', 'OMP_NUM_THREADS')  # torchrun's, that we read or show
 
 def env_ranks(environ=None) -> dict:
     "rank, local_rank, world_size and local_world_size from torchrun's environment variables."

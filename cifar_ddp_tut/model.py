@@ -89,6 +89,9 @@ def compile_options(cfg:Config, env:DistEnv) -> dict:
     if cfg.compile_cache_dir:  # torch reads it each time it opens its cache
         folder = Path(cfg.compile_cache_dir).expanduser().resolve()
         os.environ['TORCHINDUCTOR_CACHE_DIR'] = str(folder)
+    if cfg.deterministic:  # no kernel chosen by timing where the choice changes the numbers
+        import torch._inductor.config as inductor
+        inductor.deterministic = True
     return {} if cfg.compile_mode == 'default' else dict(mode=cfg.compile_mode)
 
 def no_sync(model:nn.Module, skip:bool):
