@@ -148,8 +148,9 @@ def stop_process(p, grace_s:float=20, pids=()):
     """End `p` and everything it started: SIGTERM to its process group (torchrun passes it on to its
     workers), then after `grace_s` SIGKILL to the group and to every process found below `p`.
     torchrun starts each worker in a session of its own, so a signal to torchrun's group misses
-    them, and torchrun waits 30 s for a worker that ignores SIGTERM: kill them by pid. `pids`:
-    workers known by the pids they printed, killed too (once torchrun is gone none is below it).
+    them, and torchrun waits 30 s (`--shutdown-timeout`) for a worker ignoring SIGTERM: kill them
+    by pid. `pids`: workers known by the pids they printed, killed too (once torchrun is gone none
+    is below it).
     `grace_s=0`: SIGKILL at once, no SIGTERM, as a crash or a lost machine would end them."""
     below = _below(p)  # found first: once torchrun is gone they belong to init
     if grace_s > 0:

@@ -58,15 +58,16 @@ def bench_table(report:dict) -> str:
     r = report['results'][0]
     flops = (f"; {r['gflop_per_image']:.3g} GFLOP a training image (the model's, counted by torch)"
              if r.get('gflop_per_image') else '')
-    peak = (f"; MFU against {r['peak_tflops']:g} TFLOP/s, the dense {r['peak_dtype']} peak of one "
-            f"{r['device_name']}" if r.get('peak_tflops') else
-            "; no MFU: no peak is known for this device")
+    peaks = dict.fromkeys(f"{x['peak_tflops']:g} TFLOP/s ({x['peak_dtype']})"
+                          for x in report['results'] if x.get('peak_tflops'))  # each row its own
+    peak = (f"; MFU against the dense peak of one {r['device_name']} at the row's precision: "
+            + ', '.join(peaks) if peaks else "; no MFU: no peak is known for this device")
     return text + ((f", {r['threads_per_process']} thread(s) a process" if r['device'] == 'cpu'
                     else '') + f"; {r['model']} at {r['image_size']} px{flops}{peak}. Images/s: "
         "the median of a line's launches; spread: their range over the median. Timed steps "
         f"after {report['warmup']} of warm-up (at least {report['min_steps_per_queued']} per "
         f"batch the loader queues). Projected for {e} "
         f"epochs of {CIFAR_TRAIN:,} images; 'all in' adds, as measured in the same launch, "
-        f"start-up (launch to a built trainer), warm-up's extra time (compilation, cuDNN's "
-        f"search), {e} evaluations of {CIFAR_TEST:,} images and {e} snapshot + best.pt "
-        "writes")
+        f"start-up (launch to a built trainer), warm-up's and first evaluation's extra time "
+        f"(compilation, cuDNN's search), {e} evaluations of {CIFAR_TEST:,} images and {e} "
+        "snapshot + best.pt writes (best.pt only on improvement)")

@@ -206,7 +206,7 @@ def run_epoch(self:Trainer, epoch:int) -> dict:
                     self.check_finite(epoch)  # every rank, at the same step
                 if snap: self.save_snapshot(epoch_done=False, epoch=epoch)
                 if stop: raise self.stopped(stop, epoch)
-                if self.env.is_main and self.step % cfg.log_every == 0:
+                if not bar.disable and self.step % cfg.log_every == 0:  # .item() waits: if shown
                     bar.set_postfix(loss=f"{loss_sum.item() / y.shape[0]:.3f}",
                                     lr=f"{self.lrs[-1]:.2e}")
             bar.update(1)
@@ -372,16 +372,11 @@ def check_bn_batch(model, cfg:Config, sizes:Sizes):
         f"few to train; use batch_size >= {need}, or freeze_bn: true (or sync_bn: true on GPUs)")
 
 # %% ../nbs/program/07_train.ipynb #93afcd06
-CUBLAS_DETERMINISTIC = ':4096:8'  # one of the two settings torch accepts as deterministic
+CUBLAS_DETERMINISTIC = ':4096:8'  # the workspace older torch required for deterministic cuBLAS
 
 def deterministic_env(cfg:Config):
-    "With `deterministic`, set CUBLAS_WORKSPACE_CONFIG, read by CUDA only when it starts."
-    if not cfg.deterministic or os.environ.get('CUBLAS_WORKSPACE_CONFIG') in (':4096:8', ':16:8'):
-        return
-    if torch.cuda.is_available() and torch.cuda.is_initialized(): raise ConfigError(
-        "deterministic=true needs CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts, and it has "
-        "started in this process; set it in the environment before starting Python")
-    os.environ['CUBLAS_WORKSPACE_CONFIG'] = CUBLAS_DETERMINISTIC
+    "With `deterministic`, set CUBLAS_WORKSPACE_CONFIG unless already set (torch 2.14 needs none)."
+    if cfg.deterministic: os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', CUBLAS_DETERMINISTIC)
 
 def set_kernel_flags(cfg:Config, device:torch.device):
     "cuDNN's autotuner on CUDA (fixed shapes: timing once pays off); or deterministic kernels."
@@ -499,8 +494,8 @@ _EXPECTED = (ConfigError, DataError, ModelError, CheckpointError, WorldError, Tr
              OutputError)
 # every rank reaches the same verdict on these: rank 0 says it
 _SAME_ON_ALL_RANKS = (ConfigError, CheckpointError, TrainingDiverged)
-# gloo reports a dead or silent peer as a plain RuntimeError; these words identify it. NCCL, the TCP
-# store and the rendezvous raise torch's own types (torch.distributed.DistError and subclasses).
+# gloo reports a dead or silent peer as a plain RuntimeError; these words identify it. NCCL and the
+# TCP store (init_process_group's rendezvous) raise torch's own types (dist.DistError, subclasses).
 _PEER_WORDS = ('timed out', 'timeout', 'connection closed', 'connection reset', 'closed by peer',
                'connection refused')
 
@@ -576,7 +571,7 @@ def main(argv=None):
     cfg, code, quiet = None, 0, False
     try:
         cfg = parse_cli(argv, prog='cifar_ddp_train')
-        deterministic_env(cfg)  # before setup starts CUDA
+        deterministic_env(cfg)  # before the first cuBLAS call
         check_paths(cfg)  # every path, on every rank, before any process waits on another
         env = setup(cfg.backend, cfg.timeout_s, cfg.device)
         run_program(cfg, env)
