@@ -127,8 +127,8 @@ def host_sync_sites(caught) -> list:
 # %% ../nbs/program/09_benchmark.ipynb #c1aa2a97
 def _timed_epoch(trainer, env, warmup:int, end:int, check:int) -> tuple:
     "One epoch, `clock` read at steps `warmup` and `end`, host syncs after: (sums, marks, syncs)."
-    marks, watch = {}, end + 1  # host syncs: counted from one step after the clock stops, so the
-    def hook(t):  # progress bar's .item() every log_every steps is left out
+    marks, watch = {}, end + 1  # host syncs: steps watch.. watch+check-1, after the clock; one a
+    def hook(t):  # multiple of log_every or nan_check_every adds its .item() (none with STEPS)
         if t.step in (warmup, end): marks[t.step] = clock(env)
         if check and t.step in (watch, watch + check):
             torch.cuda.set_sync_debug_mode('warn' if t.step == watch else 0)

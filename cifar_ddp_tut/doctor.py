@@ -20,9 +20,9 @@ from .report import bench_table
 
 # %% auto #0
 __all__ = ['RUN_EPOCHS', 'TOL', 'RUN', 'PARTS', 'torchrun_vars', 'gpu_info', 'environment', 'allreduce_worker',
-           'measure_allreduce', 'allreduce_table', 'run_config', 'cli', 'snapshot_epochs', 'result_row', 'same_val',
-           'check_stop', 'check_resume', 'check_evals', 'check_run', 'check_bench', 'check_allreduce', 'doctor',
-           'doctor_text', 'main']
+           'measure_allreduce', 'all_ranks_correct', 'allreduce_table', 'run_config', 'cli', 'snapshot_epochs',
+           'result_row', 'same_val', 'check_stop', 'check_resume', 'check_evals', 'check_run', 'check_bench',
+           'check_allreduce', 'doctor', 'doctor_text', 'main']
 
 # %% ../nbs/program/11_doctor.ipynb #c0000006
 def torchrun_vars() -> dict:
@@ -74,8 +74,14 @@ def allreduce_worker(env, sizes:list) -> dict:
 def measure_allreduce(nprocs:int, sizes=None, job_timeout_s:float=300) -> dict:
     "All-reduce bandwidth over `sizes` bytes (default: ALLREDUCE_BYTES) on `nprocs` processes."
     sizes = sizes or ALLREDUCE_BYTES['cuda' if torch.cuda.is_available() else 'cpu']
-    return launch_workers(allreduce_worker, nprocs, sizes, group_timeout_s=120,
-                          job_timeout_s=job_timeout_s)[0]
+    return all_ranks_correct(launch_workers(allreduce_worker, nprocs, sizes, group_timeout_s=120,
+                                            job_timeout_s=job_timeout_s))
+
+def all_ranks_correct(results:list) -> dict:
+    "Rank 0's result (of `allreduce_worker` on each rank), each row correct only if on every rank."
+    rows = [dict(r, correct=all(res['rows'][i]['correct'] for res in results))
+            for i, r in enumerate(results[0]['rows'])]
+    return {**results[0], 'rows': rows}
 
 def allreduce_table(res:dict) -> str:
     "The rows as a Markdown table, nccl-tests style."
@@ -218,11 +224,12 @@ def check_bench(nprocs:int, workdir, job_timeout_s:float=600) -> tuple[list, dic
     # on CPU a smoke test: no DataLoader workers (a launched rank starts them by spawn, each one
     # importing the program again), so `original` is timed over `steps`, not 20 per queued batch
     small = dict(warmup=1, steps=4, eval_batches=1, overrides=dict(
-        image_size=32, resize_size=36, batch_size=16, num_workers=0)) if cpu else {}
+        image_size=32, resize_size=36, num_workers=0)) if cpu else {}
+    # a batch a process, as run_config: any process count divides the global batch
     report = run_bench(['original', 'fast'], [nprocs], 'auto', out=Path(workdir)/'bench.json',
                        job_timeout_s=job_timeout_s, verbose=False, repeats=1,
-                       per_process_batch=[None],
-                       **small)  # one launch each, at the config's batch: a check, not a study
+                       per_process_batch=[8 if cpu else 32],
+                       **small)  # one launch each: a check, not a study
     fails = '; '.join(f['error'] for f in report['failures'])
     speeds = ', '.join(f"{r['recipe']} {r['images_per_s']:.0f} images/s" for r in report['results'])
     return [result_row('benchmark: original and fast recipes', not report['failures'],
@@ -281,7 +288,9 @@ def doctor_text(report:dict) -> str:
     if 'allreduce' in report:
         ar = report['allreduce']
         got = ' '.join(f"{k}={v}" for k, v in ar['torchrun_vars'].items())
-        parts.append(f"world: {ar['world']}\ntorchrun set (rank 0): {got}")
+        omp = ('; OMP_NUM_THREADS: copied from the launching process'
+               if 'OMP_NUM_THREADS' in ar['torchrun_vars'] else '')
+        parts.append(f"world: {ar['world']}\nthe launcher set (rank 0{omp}): {got}")
         parts.append(allreduce_table(ar))
     if 'bench' in report: parts.append(bench_table(report['bench']))
     lines = ['| check | result | seconds | detail |', '|---|---|--:|---|']

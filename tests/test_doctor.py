@@ -39,3 +39,38 @@ def test_doctor_failures_are_named(tmp_path):
     assert not rep['ok'] and rep['failed'] == ['allreduce'] and 'FAILED: allreduce' in p.stdout
     p, _ = doctor('--skip', 'bandwidth', timeout=60)
     assert p.returncode == 2 and '--skip bandwidth: parts are allreduce,run,bench' in p.stderr, p.stderr
+
+
+def _bench_configs_only(recipes, nprocs, size, warmup=None, steps=None, eval_batches=None, cfg=None,
+                        overrides=None, out=None, job_timeout_s=900, verbose=True, repeats=None,
+                        per_process_batch=None):
+    "run_bench up to its checked configs, no launch: a config mistake raises ConfigError as there."
+    import tempfile
+    from cifar_ddp_tut.bench import bench_settings, bench_configs
+    size, overrides = {'auto': 'small'}.get(size, size), dict(overrides or {})
+    st = bench_settings(size, overrides, nprocs, per_process_batch, warmup=warmup, steps=steps,
+                        eval_batches=eval_batches, repeats=repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        configs = bench_configs(recipes, size, st, cfg, overrides, tmp)
+    return dict(failures=[], results=[dict(recipe=r, images_per_s=1.0, batch=c.batch_size)
+                                      for (r, n, b), c in configs.items()])
+
+
+def test_doctor_bench_any_process_count(tmp_path, monkeypatch):
+    """check_bench times a batch a process, as the doctor's run does: 3 processes (or 5, 6, 7 GPUs)
+    do not divide a fixed global batch, and a healthy machine must not fail for it."""
+    import cifar_ddp_tut.bench as bench
+    from cifar_ddp_tut.doctor import check_bench
+    monkeypatch.setattr(bench, 'run_bench', _bench_configs_only)
+    for n in (3, 1, 2):
+        (row,), report = check_bench(n, tmp_path)
+        assert row['ok'] and [r['batch'] for r in report['results']] == [8 * n, 8 * n], (n, report)
+
+
+def test_allreduce_correct_on_every_rank():
+    "A size is correct only if every rank's sum was: a wrong sum on rank 1 is not hidden by rank 0's."
+    from cifar_ddp_tut.doctor import all_ranks_correct
+    rank = lambda *ok: dict(world='w', rows=[dict(bytes=4096 * (i + 1), correct=c) for i, c in enumerate(ok)])
+    got = all_ranks_correct([rank(True, True), rank(True, False)])
+    assert [r['correct'] for r in got['rows']] == [True, False] and got['world'] == 'w'
+    assert [r['bytes'] for r in got['rows']] == [4096, 8192]

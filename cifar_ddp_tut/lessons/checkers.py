@@ -309,7 +309,8 @@ def global_mean(values:torch.Tensor) -> float:
 ''')
 class Ex5:
     general = ("all-reduce a tensor [sum of this rank's values, their count] (float64), then "
-               "divide the total sum by the total count.")
+               "divide the total sum by the total count; the tensor on values.device (NCCL "
+               "takes CUDA tensors only).")
     def cases(rng, world):  # different counts; then fewer values than ranks, one rank with none
         fewer = [1] * world; fewer[rng.randrange(world)] = 0
         return [dict(values=[[rng.uniform(0, 10) for _ in range(k)] for k in sizes])
@@ -498,8 +499,9 @@ def train_uneven(ddp_model, batches:list, optimizer) -> int:
 ''')
 class Ex7:
     run_stub = True
-    general = ("before each step, every rank puts 1 (it has a batch) or 0 in a tensor and "
-               "all-reduces it with op=dist.ReduceOp.MIN; all stop when it is 0.")
+    general = ("before each step, every rank puts 1 (it has a batch) or 0 in a tensor on the "
+               "model's device (NCCL takes CUDA tensors only) and all-reduces it with "
+               "op=dist.ReduceOp.MIN; all stop when it is 0.")
     def cases(rng, world):  # different counts; then fewer batches than ranks, a rank with none
         counts = sorted(rng.sample(range(2, 7), world), reverse=True)  # all different
         counts[1:] = rng.sample(counts[1:], world - 1)  # rank 0 has the most: never the answer
@@ -577,8 +579,8 @@ def _too_early(logs):
                 return r, end - e['load'] if ends else None
 
 SAVE_EARLY = ("wait for the file with dist.barrier() after rank 0's save, on every rank: a "
-              "file that exists is not yet complete (or write it under a temporary name and "
-              "rename it).")
+              "file that exists is not yet complete (writing it under a temporary name and "
+              "renaming it makes it complete, but every rank must still wait for it).")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #d3418251
 @exercise(8, "Save once, load anywhere", 'course/07_pitfalls', '''
@@ -662,8 +664,9 @@ def skip_step(loss:torch.Tensor) -> bool:
     raise NotImplementedError("your code here")
 ''')
 class Ex9:
-    general = ("bad = 1.0 if this rank's loss is not finite (torch.isfinite), else 0.0; all-reduce "
-               "it with op=dist.ReduceOp.MAX; skip if the result is 1.")
+    general = ("bad = 1.0 if this rank's loss is not finite (torch.isfinite), else 0.0, in a "
+               "tensor on loss.device (NCCL takes CUDA tensors only); all-reduce it with "
+               "op=dist.ReduceOp.MAX; skip if the result is 1.")
     def cases(rng, world):  # every kind of bad step, on rank 0, on the last rank, on all
         L = [[rng.uniform(0.5, 3.0) for _ in range(6)] for _ in range(world)]
         L[0][1], L[-1][2], L[1][3], L[1][4] = math.nan, math.inf, math.nan, -math.inf

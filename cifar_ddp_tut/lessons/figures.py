@@ -74,8 +74,8 @@ def plot_collectives(res:list, hardware:str):
 def plot_ring(states:list):
     "One panel per step of a ring all-reduce: rows ranks, columns chunks, text = whose sum."
     import matplotlib.pyplot as plt, numpy as np
-    n = len(states[0][1])
-    fig, axes = plt.subplots(2, 4, figsize=(15, 7.5))
+    n, cols = len(states[0][1]), (len(states) + 2) // 2  # the states, then a panel of text
+    fig, axes = plt.subplots(2, cols, figsize=(3.75 * cols, 7.5))
     for ax, (title, val, who, got) in zip(axes.flat, states):
         shade = np.array([[len(w) for w in row] for row in who])
         ax.imshow(shade, cmap='Blues', vmin=0, vmax=2 * n, aspect='auto')  # light: text readable
@@ -88,11 +88,13 @@ def plot_ring(states:list):
         ax.set_title(title, fontsize=11)
         ax.set_xticks(range(n), [f'chunk {c}' for c in range(n)], fontsize=9)
         ax.set_yticks(range(n), [f'rank {r}' for r in range(n)], fontsize=9)
-    last = axes.flat[-1]; last.axis('off')
+    for ax in axes.flat[len(states):]: ax.axis('off')
+    last = axes.flat[-1]
     last.text(0, .5, f"{n} ranks, {n} chunks each\n{2 * (n - 1)} steps; in each, every rank\n"
               f"sends ONE chunk = 1/{n} of its tensor\nper rank: {2 * (n - 1)}/{n} of the tensor "
               "sent", fontsize=12, va='center')
-    fig.suptitle("Ring all-reduce of 4 tensors (a simulation: the arithmetic, not a measurement)")
+    fig.suptitle(f"Ring all-reduce of {n} tensors "
+                 "(a simulation: the arithmetic, not a measurement)")
     fig.tight_layout(); plt.show()
 
 # %% ../../nbs/program/14_course_figures.ipynb #76852575
@@ -238,25 +240,26 @@ def draw_flows():
              'green: all GPUs all-reduce gradient buckets during backward', ha='center', fontsize=8)
     plt.show()
 
-def plot_lr_runs(lr_res:dict, title:str):
+def plot_lr_runs(lr_res:dict, title:str, lrs=(0.02, 0.005)):
     "Validation curves of `lr_worker`'s runs by world size N (course/06_topics, section 2)."
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    epochs = len(lr_res[1]['a: global 64']['loss'])
+    a, b = lr_res[1]['a: global 64'], lr_res[1]['b: same lr']  # N=1: global = per-rank batch
+    epochs, lr_a, lr_b = len(a['loss']), *lrs  # lrs: the lr of runs a and b at N=1
     ep = range(1, epochs + 1)
     for n, st in zip(sorted(lr_res), ('-', '--', ':')):
         axes[0].plot(ep, lr_res[n]['a: global 64']['loss'], st, lw=2,
-                     label=f"N={n}, {64 // n} a rank")
+                     label=f"N={n}, {a['global_batch'] // n} a rank")
         for run, c in (('b: same lr', 'tab:red'), ('b: lr x N, warmup', 'tab:green')):
             if n == 1 and run != 'b: same lr': continue  # at N=1 both are the same run
-            lr = 0.005 if run == 'b: same lr' or n == 1 else 0.005 * n
+            lr = lr_b if run == 'b: same lr' or n == 1 else lr_b * n
             for k, ax in (('loss', axes[1]), ('acc', axes[2])):
                 ax.plot(ep, lr_res[n][run][k], st, color='k' if n == 1 else c,
-                        label=f"N={n}, global {16 * n}, lr {lr:g}")
-    axes[0].set(title='(a) fixed global batch 64, lr 0.02', xlabel='epoch',
+                        label=f"N={n}, global {lr_res[n][run]['global_batch']}, lr {lr:g}")
+    axes[0].set(title=f"(a) fixed global batch {a['global_batch']}, lr {lr_a:g}", xlabel='epoch',
                 ylabel='validation loss')
-    axes[1].set(title='(b) 16 a rank: validation loss', xlabel='epoch')
-    axes[2].set(title='(b) 16 a rank: validation accuracy', xlabel='epoch')
+    axes[1].set(title=f"(b) {b['global_batch']} a rank: validation loss", xlabel='epoch')
+    axes[2].set(title=f"(b) {b['global_batch']} a rank: validation accuracy", xlabel='epoch')
     for ax in axes: ax.legend(fontsize=7); ax.set_xticks(list(ep))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -316,7 +319,7 @@ def calibration_table(rows:list, label:str):
                  f"{r['predicted_s'] * 1e3:.0f}", f"{r['error']:+.0%}"] for r in rows],
                f"Measured on {label}: medians of 5 steps (min-max), slowest rank")
 
-def plot_calibration(rows:list, label:str):
+def plot_calibration(rows:list, label:str, model:str='ResNet-18, 32 px'):
     "Measured DDP and plain steps (median, min-max bars) and the model's DDP step, by batch."
     from matplotlib.figure import Figure
     fig = Figure(figsize=(7.5, 4.2)); ax = fig.subplots()
@@ -331,7 +334,7 @@ def plot_calibration(rows:list, label:str):
                         label=f"measured {what}, N={n}")
         ax.plot(bs, [r['predicted_s'] for r in sel], '-', color=col, label=f"model, N={n}")
     ax.set(xlabel='batch per process', ylabel='seconds per step',
-           title=f"ResNet-18, 32 px: DDP steps measured and modelled\n{label}")
+           title=f"{model}: DDP steps measured and modelled\n{label}")
     ax.title.set_fontsize(9); ax.legend(fontsize=7); ax.grid(alpha=.3)
     return fig
 

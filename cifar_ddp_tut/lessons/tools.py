@@ -114,9 +114,9 @@ def first_line(e:BaseException) -> str:
     return f"{type(e).__name__}: {msg}"
 
 def group_with(timeout_s:float=3.0,  # collectives on this group fail after this long
-               debug:str='OFF',      # TORCH_DISTRIBUTED_DEBUG for this group: OFF, INFO or DETAIL
+               debug:str='OFF',      # TORCH_DISTRIBUTED_DEBUG from now on: OFF, INFO or DETAIL
               ):
-    "A new gloo group of all ranks with a short timeout, created at debug level `debug`."
+    "A new gloo group of all ranks with a short timeout; sets the process's debug level `debug`."
     os.environ['TORCH_DISTRIBUTED_DEBUG'] = debug
     dist.set_debug_level_from_env()  # torch read the variable at import: apply the new value
     return dist.new_group(backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
