@@ -9,10 +9,9 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['listing_html', 'diff_html', 'show', 'plot_collectives', 'plot_ring', 'show_comparison', 'spread', 'plot_timeline',
-           'plot_step_times', 'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table',
-           'plot_shard_grid', 'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table',
-           'bucket_check_table', 'plot_predictions', 'what_if_table', 'memory_table', 'memory_arithmetic_table',
-           'hook_table']
+           'plot_epochs', 'plot_evaluated', 'draw_flows', 'plot_lr_runs', 'rank_table', 'plot_shard_grid',
+           'calibration_table', 'plot_calibration', 'buckets_table', 'check_table', 'fit_table', 'bucket_check_table',
+           'plot_predictions', 'what_if_table', 'memory_table', 'memory_arithmetic_table', 'hook_table']
 
 # %% ../../nbs/program/14_course_figures.ipynb #7673035a
 def listing_html(path) -> str:
@@ -145,21 +144,6 @@ def plot_timeline(ranks:list, title:str):
     fig.tight_layout()
     plt.show()
 
-def plot_step_times(times:dict, title:str):
-    "Bars: median ms a step of each configuration ({label: [ms, ...]}); whiskers: min to max."
-    import statistics
-    import matplotlib.pyplot as plt
-    labels, runs = list(times), list(times.values())
-    med = [statistics.median(v) for v in runs]
-    err = [[m - min(v) for m, v in zip(med, runs)], [max(v) - m for m, v in zip(med, runs)]]
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.bar([f"{l}\n{m:.0f} ms" for l, m in zip(labels, med)], med, yerr=err, capsize=4,
-           color=['0.6' if l == 'no DDP' else 'tab:orange' for l in labels])
-    ax.set_ylabel('ms per step (slower rank)')
-    ax.set_title(f"{title}\nbars: median of {len(runs[0])} steps; whiskers: fastest and slowest",
-                 fontsize=9)
-    fig.tight_layout()
-    plt.show()
 
 # %% ../../nbs/program/14_course_figures.ipynb #8194d9ef
 def plot_epochs(orders:dict, n:int):
