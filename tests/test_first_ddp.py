@@ -47,6 +47,7 @@ def test_notebook_diffs_are_current():
     for cell in nb['cells']:
         for o in cell.get('outputs', []):
             h = ''.join(o.get('data', {}).get('text/html', ''))
+            h = re.sub(r'^<details><summary>[^<]*</summary>(.*)</details>$', r'\1', h, flags=re.S)
             m = re.match(r'<div class="step-(diff|file)"(?: data-old="([^"]+)")? '
                          r'data-new="([^"]+)"', h)
             if not m: continue
