@@ -33,6 +33,7 @@ def epoch_end_wrong(env:DistEnv, loss_sum, correct, group, step:Timeline):
     with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
     with step('barrier'): dist.barrier(group=group)
 
+# %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9c
 def epoch_end_fixed(env:DistEnv, loss_sum, correct, group, step:Timeline):
     "Every rank sums both; only rank 0 writes the log line."
     with step('all_reduce', loss_sum, 'loss'): dist.all_reduce(loss_sum, group=group)
@@ -40,7 +41,6 @@ def epoch_end_fixed(env:DistEnv, loss_sum, correct, group, step:Timeline):
     with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
     with step('barrier'): dist.barrier(group=group)
 
-# %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9c
 def _short(e:BaseException) -> str:
     "An exception's message without the source-file prefix gloo puts in front of it."
     return re.sub(r'^\[[^\]]*\]\s*', '', str(e).splitlines()[0])

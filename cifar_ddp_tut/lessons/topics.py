@@ -4,7 +4,7 @@
 
 # %% ../../nbs/course/06_topics.ipynb #052f187b
 from __future__ import annotations
-import contextlib, statistics, time
+import contextlib, os, re, statistics, tempfile, time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -15,8 +15,8 @@ from .tools import first_line, group_with
 
 # %% auto #0
 __all__ = ['UNUSED_CASES', 'COMPILE_VARIANTS', 'dp_step_s', 'ddp_time_worker', 'blobs', 'small_mlp', 'lr_worker', 'Branchy',
-           'unused_worker', 'demo_sometimes_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker', 'demo_uneven',
-           'WideMLP', 'CountingBackend', 'compile_worker']
+           'cpp_warnings', 'unused_worker', 'demo_sometimes_unused', 'deep_mlp', 'unused_cost_worker', 'uneven_worker',
+           'demo_uneven', 'WideMLP', 'CountingBackend', 'compile_worker']
 
 # %% ../../nbs/course/06_topics.ipynb #863ee8a4
 def _step(model, opt, x, y):
@@ -99,6 +99,17 @@ class Branchy(nn.Module):
         y = self.head(torch.relu(self.body(x)))
         return y + self.extra(x) if use_extra else y
 
+@contextlib.contextmanager
+def cpp_warnings(into:list):
+    "Collect the warnings torch's C++ writes to stderr in `into`, one line each, unprinted."
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as f:
+        os.dup2(f.fileno(), 2)
+        try: yield into
+        finally:
+            os.dup2(saved, 2); os.close(saved); f.seek(0)
+            into += re.findall(r'Warning: (.*?\.) ', f.read().decode(errors='replace'))
+
 def unused_worker(env:DistEnv, ddp_kw:dict|None=None, extra_on=(0, 2), steps:int=4,
                   timeout_s:float=5.0) -> dict:
     "DDP steps of `Branchy`, its extra branch used on the steps in `extra_on`; each step's outcome."
@@ -106,13 +117,15 @@ def unused_worker(env:DistEnv, ddp_kw:dict|None=None, extra_on=(0, 2), steps:int
     torch.manual_seed(0)
     model = DDP(Branchy(), process_group=group, **(ddp_kw or {}))
     opt, log, error = torch.optim.SGD(model.parameters(), lr=0.1), [], None
-    for step in range(steps):
-        try:
-            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * step + env.rank))
-            model(x, use_extra=step in extra_on).pow(2).mean().backward()
-            opt.step(); opt.zero_grad(); log.append(f"step {step}: ok")
-        except RuntimeError as e: log.append(f"step {step}: {first_line(e)}"); error = str(e); break
-    return dict(log=log, error=error)
+    with cpp_warnings([]) as warned:  # DDP's warning, kept to be printed once
+        for step in range(steps):
+            try:
+                x = torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * step + env.rank))
+                model(x, use_extra=step in extra_on).pow(2).mean().backward()
+                opt.step(); opt.zero_grad(); log.append(f"step {step}: ok")
+            except RuntimeError as e:
+                log.append(f"step {step}: {first_line(e)}"); error = str(e); break
+    return dict(log=log, error=error, warning=(warned or [None])[0])
 
 UNUSED_CASES = dict(  # name: (DDP's keywords, the steps that use the extra branch)
     plain=({}, (0, 2)), find_unused=(dict(find_unused_parameters=True), (0, 2)),
@@ -133,11 +146,12 @@ def unused_cost_worker(env:DistEnv, batch:int=32, steps:int=200) -> dict:
     models = {f: DDP(deep_mlp(), find_unused_parameters=f) for f in (False, True)}
     opts = {f: torch.optim.SGD(m.parameters(), lr=1e-3) for f, m in models.items()}
     times, x = {False: [], True: []}, torch.randn(batch, 128)
-    for step in range(steps + 2):
-        for f in ((False, True) if step % 2 else (True, False)):  # alternate which goes first
-            m, t0 = models[f], time.perf_counter()
-            m(x).pow(2).mean().backward(); opts[f].step(); opts[f].zero_grad()
-            if step >= 2: times[f].append(1e3 * (time.perf_counter() - t0))  # 2 warm up
+    with cpp_warnings([]):  # DDP's warning that nothing was unused: shown above already
+        for step in range(steps + 2):
+            for f in ((False, True) if step % 2 else (True, False)):  # alternate which goes first
+                m, t0 = models[f], time.perf_counter()
+                m(x).pow(2).mean().backward(); opts[f].step(); opts[f].zero_grad()
+                if step >= 2: times[f].append(1e3 * (time.perf_counter() - t0))  # 2 warm up
     return times
 
 # %% ../../nbs/course/06_topics.ipynb #0cb4eedf
