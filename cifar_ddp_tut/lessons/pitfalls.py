@@ -20,7 +20,7 @@ from .tools import group_with
 __all__ = ['RESUME_PARTS', 'epoch_end_wrong', 'epoch_end_fixed', 'Timeline', 'demo_rank0_only_collective', 'archive_bytes',
            'slow_write', 'fake_download', 'download_if_missing', 'unpack', 'demo_download', 'torchrun_env',
            'demo_rank_vs_local_rank', 'toy_snapshot', 'load_and_compare', 'demo_save_every_rank', 'with_hole',
-           'demo_module_prefix', 'save_snapshot', 'rng_state', 'tiny_training', 'load_snapshot', 'train_resumable',
+           'demo_module_prefix', 'rng_state', 'save_snapshot', 'tiny_training', 'load_snapshot', 'train_resumable',
            'demo_train_and_crash', 'demo_resume']
 
 # %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9b
@@ -228,6 +228,12 @@ def demo_module_prefix(env:DistEnv, root) -> dict:
     return out
 
 # %% ../../nbs/course/07_pitfalls.ipynb #89e96256
+def rng_state() -> dict:
+    "This process's random state: torch's, and CUDA's where there is one."
+    st = dict(torch=torch.get_rng_state())
+    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state()
+    return st
+
 def save_snapshot(path, model, opt, sched, epoch:int, done:int):
     "Rank 0 writes all a run needs to continue, every rank's random state included; a barrier."
     every = [None] * dist.get_world_size()
@@ -240,12 +246,6 @@ def save_snapshot(path, model, opt, sched, epoch:int, done:int):
     dist.barrier()
 
 # %% ../../nbs/course/07_pitfalls.ipynb #89e96257
-def rng_state() -> dict:
-    "This process's random state: torch's, and CUDA's where there is one."
-    st = dict(torch=torch.get_rng_state())
-    if torch.cuda.is_available(): st['cuda'] = torch.cuda.get_rng_state()
-    return st
-
 RESUME_PARTS = ('model', 'optimizer', 'scheduler', 'rng')
 
 def tiny_training(env:DistEnv, epochs:int=2, seed:int=0) -> tuple:
