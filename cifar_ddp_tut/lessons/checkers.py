@@ -465,7 +465,8 @@ class Ex6:
                     "zero_grad inside the loop throws away the micro-batches' gradients so far: "
                     "call it once, before the loop.")
         if len(syncs) != 1:
-            return (what + f": {len(syncs)} gradient all-reduces in one step.",
+            return (what + f": DDP all-reduced the gradients in {len(syncs)} backwards of "
+                           "one step.",
                     _no_sync_mismatch(logs[0]) or "run every micro-batch but the last, forward and "
                     "backward, inside `with ddp_model.no_sync():`." if syncs
                     else "the last backward must run outside no_sync().")
@@ -481,8 +482,8 @@ class Ex6:
         return what + ": the weights differ from accumulation on every micro-batch.", None
     def proof(cases):
         return ("one step equal to accumulating every micro-batch's gradient (within 1e-5), with "
-                "one forward per micro-batch, one DDP gradient all-reduce, no collective of "
-                "your own, for " + ' and '.join(
+                "one forward per micro-batch, gradients all-reduced in one backward, no "
+                "collective of your own, for " + ' and '.join(
             f"{c[0]['k']} micro-batches on {w} ranks" for w, c in cases.items()) + ".")
 
 # %% ../../nbs/program/13_exercise_checkers.ipynb #9f81d8bc
