@@ -388,7 +388,7 @@ WRONG = [  # (exercise, wrong answer, a piece of the hint meant for that mistake
     (6, accumulate_by_hand, 'no collective of your own'),
     (7, train_uneven_local, 'decide together'),
     (7, train_uneven_own_count, 'its own number of batches'),
-    (7, train_uneven_max, 'MIN stops when one rank has run out'),
+    (7, train_uneven_max, 'Use op=dist.ReduceOp.MIN: it stops as soon as one rank has run out'),
     (7, train_uneven_rank0_count, "a broadcast gives every rank rank 0's answer"),
     (7, train_uneven_no_return, NO_RETURN),
     (8, save_everywhere, 'one file, one writer'),

@@ -523,9 +523,9 @@ class Ex7:
     def hint_from_calls(logs):
         ops = {c.get('op') for l in logs for c in calls(l)}
         if 'MAX' in ops or 'SUM' in ops and not 'MIN' in ops:
-            return ("this decision goes on while ANY rank still has a batch (MAX, or a SUM above "
-                    "0): a rank that has run out then has no batch for the step. MIN stops when "
-                    "one rank has run out.")
+            return ("your all-reduce (MAX, or a SUM above 0) keeps going while ANY rank still "
+                    "has a batch, so a rank that has run out has none for the step. Use "
+                    "op=dist.ReduceOp.MIN: it stops as soon as one rank has run out.")
         if any(calls(l, 'broadcast') for l in logs):
             return ("a broadcast gives every rank rank 0's answer; a rank with fewer batches "
                     "than rank 0 runs out first. Combine every rank's answer: all-reduce with MIN.")
