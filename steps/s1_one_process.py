@@ -1,4 +1,4 @@
-"""Step 1: train a small ResNet on CIFAR-10 in one process, with a plain PyTorch loop."""
+"""Train ResNet-18 on CIFAR-10: one of the three steps of nbs/course/01_first_ddp.ipynb."""
 import argparse, time
 import torch, torch.nn as nn, torchvision
 from torch.utils.data import DataLoader, RandomSampler
@@ -42,8 +42,9 @@ def main(args):
             opt.step()
             losses.append(loss.item())
             if len(losses) == args.steps: break
-        print(f'epoch {epoch}: loss {sum(losses) / len(losses):.6f} '
-              f'({len(losses)} steps of {x.shape[0]} images, {time.time() - t0:.1f} s)')
+        line = (f'epoch {epoch}: loss {sum(losses) / len(losses):.6f} '
+                f'({len(losses)} steps of {x.shape[0]} images, {time.time() - t0:.1f} s)')
+        print(line)
     psum = sum(p.detach().double().sum() for p in model.parameters())
     print(f'param_sum {psum.item():.10f}')
     torch.save(model.state_dict(), args.out)

@@ -1,4 +1,4 @@
-"""Step 3: the same DDP loop, started by torchrun, which says who each process is."""
+"""Train ResNet-18 on CIFAR-10: one of the three steps of nbs/course/01_first_ddp.ipynb."""
 import argparse, os, time
 import torch, torch.nn as nn, torchvision
 import torch.distributed as dist
@@ -50,9 +50,9 @@ def main(args):
             opt.step()
             losses.append(loss.item())
             if len(losses) == args.steps: break
-        if rank == 0:
-            print(f'epoch {epoch}: loss {sum(losses) / len(losses):.6f} '
-                  f'({len(losses)} steps of {x.shape[0]} images, {time.time() - t0:.1f} s)')
+        line = (f'epoch {epoch}: loss {sum(losses) / len(losses):.6f} '
+                f'({len(losses)} steps of {x.shape[0]} images, {time.time() - t0:.1f} s)')
+        if rank == 0: print(line)
     psum = sum(p.detach().double().sum() for p in model.parameters())
     sums = [torch.zeros_like(psum) for _ in range(world_size)]
     dist.all_gather(sums, psum)

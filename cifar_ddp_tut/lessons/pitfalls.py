@@ -26,10 +26,9 @@ __all__ = ['RESUME_PARTS', 'epoch_end_wrong', 'epoch_end_fixed', 'Timeline', 'de
 # %% ../../nbs/course/07_pitfalls.ipynb #5aaeba9b
 def epoch_end_wrong(env:DistEnv, loss_sum, correct, group, step:Timeline):
     "Sum the loss for the log line on rank 0 only; every rank sums its correct answers; a barrier."
-    if env.rank == 0:  # the mistake: an all_reduce that only rank 0 makes...
+    if env.rank == 0:  # the mistake: an all_reduce only rank 0 makes pairs with the others' next
         with step('all_reduce', loss_sum, 'loss'): dist.all_reduce(loss_sum, group=group)
         step.log = f"epoch loss {loss_sum.item():.0f}"
-    # ...pairs with the next all_reduce of the other ranks
     with step('all_reduce', correct, 'correct'): dist.all_reduce(correct, group=group)
     with step('barrier'): dist.barrier(group=group)
 
